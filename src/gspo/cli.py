@@ -1,0 +1,131 @@
+"""`gspo train | eval | demo | report`."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see gspo/__init__.py)
+
+import argparse
+import json
+import sys
+import textwrap
+
+
+def _fields_help() -> str:
+    from gspo.config import field_docs
+
+    lines = ["config fields (override any with key=value):"]
+    section = None
+    for name, default, help in field_docs():
+        top = name.split(".")[0] if "." in name else ""
+        if top != section:
+            section = top
+            lines.append("")
+        lines.append(f"  {name} = {default}")
+        lines.append(textwrap.indent(textwrap.fill(help, 88), "      "))
+    return "\n".join(lines)
+
+
+def cmd_train(args) -> int:
+    from gspo.config import load_config
+    from gspo.train import train
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = train(cfg)
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from gspo.config import load_config
+    from gspo.evaluate import evaluate
+    from gspo.models import load_policy
+    from gspo.rewards import RewardRunner
+    from gspo.rollout import HFGenerator
+    from gspo.setup import load_prompt_rows, reward_specs, setup_threads
+
+    overrides = [f"model.name_or_path={args.model}", f"data.source={args.data}",
+                 f"eval.num_prompts={args.num_prompts}", f"eval.pass_k={args.pass_k}",
+                 f"rollout.max_new_tokens={args.max_new_tokens}", *args.overrides]
+    cfg = load_config(args.config, overrides)
+    setup_threads(cfg.threads)
+    rows, held = load_prompt_rows(cfg)
+    rows = (held or rows)[: cfg.eval.num_prompts]
+    model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
+                             trust_remote_code=cfg.model.trust_remote_code)
+    r = cfg.rollout
+    gen = HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                      max_new_tokens=r.max_new_tokens)
+    with RewardRunner(reward_specs(cfg), timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error) as runner:
+        m = evaluate(model, tok, rows, runner, max_new_tokens=r.max_new_tokens, pass_k=cfg.eval.pass_k,
+                     generator=gen, chat=isinstance(rows[0]["prompt"], list))
+    m["eval/num_prompts"] = len(rows)
+    print(json.dumps(m, indent=2))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from gspo.demo import run_demo
+
+    summary = run_demo(out_dir=args.out, overrides=args.overrides, quick=args.quick)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from gspo import report
+
+    return report.main([*args.run_dirs, *(["--out", args.out] if args.out else [])])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gspo", description="Group Sequence Policy Optimization for Hugging Face causal LMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model with GSPO", epilog=_fields_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="gspo train CONFIG.yaml [key=value ...]   e.g. algo.eps_high=5e-4 rollout.group_size=16")
+    t.add_argument("config", nargs="?", help="YAML config (optional: defaults train the tiny model on arithmetic)")
+    t.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="accuracy and pass@k of a model on a task or dataset")
+    e.add_argument("model", help="HF model id or local path (e.g. runs/NAME/final)")
+    e.add_argument("data", nargs="?", default="arithmetic", help="built-in task name or dataset path")
+    e.add_argument("--config", default=None, help="YAML config for rewards and sampling settings")
+    e.add_argument("--num-prompts", type=int, default=200)
+    e.add_argument("--pass-k", type=int, default=0)
+    e.add_argument("--max-new-tokens", type=int, default=64)
+    e.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    e.set_defaults(fn=cmd_eval)
+
+    d = sub.add_parser("demo", help="offline CPU demo: a tiny model learns arithmetic with GSPO")
+    d.add_argument("--out", default="runs/demo", help="output directory")
+    d.add_argument("--quick", action="store_true", help="a much smaller run (for tests)")
+    d.add_argument("overrides", nargs="*", help="dotted key=value overrides of the GSPO phase")
+    d.set_defaults(fn=cmd_demo)
+
+    r = sub.add_parser("report", help="plots and an HTML page for one or more runs")
+    r.add_argument("run_dirs", nargs="+")
+    r.add_argument("--out", default=None)
+    r.set_defaults(fn=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gspo.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, ValueError, FileNotFoundError, PermissionError) as e:
+        # bad input: one clear line, no traceback
+        if os.environ.get("GSPO_TRACEBACK"):
+            raise
+        print(f"gspo {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Run configuration: one dataclass per concern, YAML files, `key=value` overrides.
+
+Every default lives here and nowhere else; YAML and the command line only override. Each field
+carries a one-line doc (`metadata["help"]`) that `gspo train --help` prints. OmegaConf does the
+parsing, merging and type checking; `validate` adds the cross-field rules, and every failure is
+one `ConfigError` naming the field, raised before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for users)
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A bad configuration value, named by its dotted field path."""
+
+
+def doc(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a default and a one-line help string."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = doc("tiny", "HF model id or local path; 'tiny' builds the demo's tiny Qwen3 from scratch")
+    dtype: str = doc("float32", "parameter dtype: float32 | bfloat16")
+    device: str = doc("auto", "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N")
+    trust_remote_code: bool = doc(False, "allow model repos to run their own Python code (off unless you trust the repo)")
+    gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
+    logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
+    tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
+    tiny_num_layers: int = doc(3, "layers of the built-in tiny model")
+    tiny_moe: bool = doc(False, "make the built-in tiny model a Qwen3-MoE")
+
+
+@dataclass
+class DataConfig:
+    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .parquet / datasets save_to_disk path")
+    prompt_column: str = doc("prompt", "column holding the prompt (a string, or a list of chat messages)")
+    split: Optional[str] = doc(None, "split to use when the source is a DatasetDict (default: train)")
+    difficulty: int = doc(1, "difficulty of the built-in task (1 = easiest)")
+    num_prompts: int = doc(2000, "number of prompts generated for a built-in task")
+    eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out split")
+    eval_num_prompts: int = doc(200, "held-out prompts generated for a built-in task (and the cap for eval_source)")
+    max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count")
+    shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded)")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = doc("hf", "generation backend: hf (transformers generate) | vllm (extra gspo[vllm])")
+    prompts_per_step: int = doc(16, "prompts (groups) per rollout, B")
+    group_size: int = doc(8, "completions per prompt, G (paper Eq. 6 normalises within a group)")
+    max_new_tokens: int = doc(64, "maximum completion length in tokens")
+    temperature: float = doc(1.0, "sampling temperature; log-probs are taken at this temperature")
+    top_p: float = doc(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = doc(0, "top-k sampling (0 = off)")
+    batch_size: int = doc(0, "sequences generated per generate() call (0 = all at once)")
+    old_logp: str = doc("trainer", "pi_old source: trainer (one no-grad pass) | sampler (the generator's log-probs, paper §5.4)")
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = doc("exact_answer", "built-in reward name or dotted import path (pkg.module:function)")
+    weight: float = doc(1.0, "weight of this function in the summed reward")
+    kwargs: Dict[str, Any] = doc({}, "extra keyword arguments passed to the function")
+
+
+@dataclass
+class RewardsConfig:
+    functions: List[RewardFunctionConfig] = field(
+        default_factory=lambda: [RewardFunctionConfig()],
+        metadata={"help": "reward functions: a list of {name, weight, kwargs}"})
+    timeout_s: float = doc(60.0, "deadline for one reward call; a hung function is killed and counted")
+    on_error: str = doc("raise", "when a reward function fails: raise | skip (score missing) | zero")
+    num_workers: int = doc(1, "reward worker processes")
+    allow_code_execution: bool = doc(False, "allow the code_tests reward to run model-written code (contained, not sandboxed)")
+
+
+@dataclass
+class AlgoConfig:
+    level: str = doc("sequence", "sequence (GSPO) | sequence_token (GSPO-token) | token (GRPO baseline)")
+    eps_low: Optional[float] = doc(None, "lower clip range; default per level: 3e-4 sequence levels, 0.2 token (paper §5.1)")
+    eps_high: Optional[float] = doc(None, "upper clip range; default per level: 4e-4 sequence levels, 0.27 token")
+    aggregation: Optional[str] = doc(None, "token level only: seq-mean-token-mean | token-mean | seq-mean-token-sum-norm")
+    max_log_ratio: float = doc(10.0, "log-ratios are clamped to +-this before exp (finite loss for finite inputs)")
+    adv_scale: str = doc("group", "advantage scaling: group (divide by group std, Eq. 6) | none (mean only, Dr. GRPO)")
+    adv_eps: float = doc(1e-6, "added to the group std")
+    routing_replay: bool = doc(False, "MoE: reuse pi_old's experts in the update pass (for the GRPO baseline)")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = doc(1e-6, "peak learning rate (AdamW)")
+    weight_decay: float = doc(0.0, "AdamW weight decay")
+    beta1: float = doc(0.9, "AdamW beta1")
+    beta2: float = doc(0.999, "AdamW beta2")
+    adam_eps: float = doc(1e-8, "AdamW epsilon")
+    max_grad_norm: float = doc(1.0, "clip the global gradient norm to this (0 = off)")
+
+
+@dataclass
+class ScheduleConfig:
+    rollouts: int = doc(100, "number of rollouts (each: generate, score, num_minibatches optimizer steps)")
+    num_minibatches: int = doc(4, "optimizer steps per rollout (paper §5.1: 4, so steps 2-4 are off-policy)")
+    micro_batch_size: int = doc(0, "sequences per forward/backward inside a minibatch (0 = the whole minibatch)")
+    warmup_steps: int = doc(0, "linear LR warm-up, in optimizer steps")
+    lr_schedule: str = doc("constant", "after warm-up: constant | cosine")
+    min_lr_ratio: float = doc(0.0, "cosine schedule floor, as a fraction of lr")
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc(0, "evaluate on held-out prompts every N rollouts (0 = only at start and end)")
+    num_prompts: int = doc(100, "held-out prompts per evaluation")
+    pass_k: int = doc(0, "also sample k completions per prompt and report pass@k (0 = off)")
+    enabled: bool = doc(True, "evaluate at all")
+
+
+@dataclass
+class LoggingConfig:
+    console: bool = doc(True, "progress bar and tables on the console")
+    completions_every: int = doc(10, "write sampled completions to completions/ every N rollouts (0 = never)")
+    table_every: int = doc(10, "print a table of sample completions every N rollouts (0 = never)")
+    table_rows: int = doc(4, "rows in the console completions table")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = doc(0, "save a checkpoint every N rollouts (0 = only at the end and on SIGTERM/SIGINT)")
+    keep_last: int = doc(2, "checkpoints kept")
+    max_bad_steps: int = doc(5, "stop after this many consecutive non-finite losses or gradient norms")
+
+
+@dataclass
+class OutputConfig:
+    dir: str = doc("runs", "parent directory of run directories")
+    name: str = doc("gspo", "run name: the run directory is dir/name")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    seed: int = doc(0, "seed for data order, sampling and initialisation")
+    threads: int = doc(0, "torch CPU threads (0 = auto: 1 on machines with <= 4 cores, else cores/2)")
+    resume: str = doc("none", "none | auto (newest complete checkpoint of the run directory) | PATH to a checkpoint")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output.dir) / self.output.name
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _friendly(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None)
+    msg = (getattr(err, "msg", None) or str(err)).splitlines()[0]
+    if "not in" in msg and key:
+        import difflib
+
+        names = [n for n, _, _ in field_docs()]
+        close = difflib.get_close_matches(key, names, n=1)
+        msg = f"unknown field" + (f" (did you mean '{close[0]}'?)" if close else "")
+    return f"config field '{key}': {msg}" if key else msg
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: Config | None = None) -> Config:
+    """Defaults <- YAML file <- `key=value` overrides, type-checked, then `validate`d."""
+    schema = OmegaConf.structured(base or Config())
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            layers.append(OmegaConf.load(p))
+        except Exception as e:  # yaml syntax errors
+            raise ConfigError(f"config file {p}: {e}") from None
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"override '{o}' is not of the form key=value (e.g. rollout.group_size=16)")
+    try:
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(schema, *layers)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_friendly(e)) from None
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml_text(text: str) -> Config:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.create(text))
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_friendly(e)) from None
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, help) of every field, for `--help`."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        name = prefix + f.name
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(default):
+            rows.extend(field_docs(type(default), name + "."))
+            continue
+        if isinstance(default, list) and default and dataclasses.is_dataclass(default[0]):
+            default = [dataclasses.asdict(x) for x in default]
+        rows.append((name, repr(default), f.metadata.get("help", "")))
+    return rows
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _check(cond: bool, field_name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config field '{field_name}': {msg}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field rules that types cannot express. Raises one ConfigError naming the field."""
+    from gspo import algo
+
+    m, d, r, s = cfg.model, cfg.data, cfg.rollout, cfg.schedule
+    _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"'{m.dtype}' is not float32 | bfloat16 | float16")
+    _check(m.logprob_chunk_size >= 1, "model.logprob_chunk_size", "must be >= 1")
+    _check(r.backend in ("hf", "vllm"), "rollout.backend", f"'{r.backend}' is not hf | vllm")
+    _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 (got {r.group_size}): group advantages need at least two samples")
+    _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs are taken at the sampling temperature)")
+    _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
+    _check(r.batch_size >= 0, "rollout.batch_size", "must be >= 0")
+    _check(r.old_logp in ("trainer", "sampler"), "rollout.old_logp", f"'{r.old_logp}' is not trainer | sampler")
+    n = r.prompts_per_step * r.group_size
+    _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
+    _check(n % s.num_minibatches == 0, "schedule.num_minibatches",
+           f"the rollout of {r.prompts_per_step} x {r.group_size} = {n} sequences does not split into {s.num_minibatches} minibatches")
+    mb = n // s.num_minibatches
+    _check(s.micro_batch_size >= 0, "schedule.micro_batch_size", "must be >= 0")
+    _check(s.micro_batch_size <= mb, "schedule.micro_batch_size",
+           f"{s.micro_batch_size} is larger than the minibatch ({mb} sequences)")
+    _check(s.micro_batch_size == 0 or mb % s.micro_batch_size == 0, "schedule.micro_batch_size",
+           f"the minibatch of {mb} sequences does not split into micro-batches of {s.micro_batch_size}")
+    _check(s.rollouts >= 1, "schedule.rollouts", "must be >= 1")
+    _check(s.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
+    _check(s.lr_schedule in ("constant", "cosine"), "schedule.lr_schedule", f"'{s.lr_schedule}' is not constant | cosine")
+    _check(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
+    _check(cfg.optim.lr > 0, "optim.lr", "must be > 0")
+    _check(cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0")
+    _check(d.num_prompts >= 1, "data.num_prompts", "must be >= 1")
+    _check(d.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
+    a = cfg.algo
+    _check(a.adv_scale in ("group", "none"), "algo.adv_scale", f"'{a.adv_scale}' is not group | none")
+    _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
+    max_len = r.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
+    try:
+        algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len)
+    except ValueError as e:
+        raise ConfigError(f"config field 'algo': {e}") from None
+    rw = cfg.rewards
+    _check(rw.on_error in ("raise", "skip", "zero"), "rewards.on_error", f"'{rw.on_error}' is not raise | skip | zero")
+    _check(rw.timeout_s > 0, "rewards.timeout_s", "must be > 0")
+    _check(rw.num_workers >= 1, "rewards.num_workers", "must be >= 1")
+    _check(len(rw.functions) >= 1, "rewards.functions", "needs at least one reward function")
+    for i, fn in enumerate(rw.functions):
+        _check(bool(fn.name), f"rewards.functions[{i}].name", "must not be empty")
+        if fn.name == "code_tests":
+            _check(rw.allow_code_execution, "rewards.allow_code_execution",
+                   "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
+    c = cfg.checkpoint
+    _check(c.every >= 0, "checkpoint.every", "must be >= 0")
+    _check(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
+    _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
+    _check(cfg.threads >= 0, "threads", "must be >= 0")
+    _check(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain directory name")

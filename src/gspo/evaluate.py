@@ -1,0 +1,74 @@
+"""Held-out evaluation: greedy accuracy, mean reward and (optionally) pass@k.
+
+Accuracy is the fraction of prompts whose greedy completion gets full marks (>= 1) from the
+first reward function, which by convention is the correctness check (e.g. `exact_answer`).
+pass@k uses the unbiased estimator of Chen et al. (2021) over k sampled completions per prompt.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gspo.data import format_prompt
+from gspo.models import eos_token_ids
+
+
+@torch.no_grad()
+def greedy_completions(model, tokenizer, prompts: list[str], *, max_new_tokens: int,
+                       batch_size: int = 64) -> list[str]:
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    eos = eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    out = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            gen = model.generate(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
+                                 do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                 pad_token_id=pad, top_p=None, top_k=None, temperature=None)
+            new = gen[:, enc["input_ids"].shape[1]:]
+            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k draws (without replacement) from n samples, c correct, is correct."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def _score(runner, rows: list[dict], completions: list, repeat: int) -> torch.Tensor:
+    prompts = [r["prompt"] for r in rows for _ in range(repeat)]
+    columns = {k: [r[k] for r in rows for _ in range(repeat)] for k in rows[0] if k != "prompt"}
+    res = runner.score(prompts, completions, columns)
+    first = next(iter(res.per_function))
+    return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32)
+
+
+def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = 0,
+             generator=None, chat: bool = False) -> dict:
+    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked."""
+    texts = [format_prompt(r["prompt"], tokenizer) for r in rows]
+    comps = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
+    wrap = (lambda c: [{"role": "assistant", "content": c}]) if chat else (lambda c: c)
+    total, first = _score(runner, rows, [wrap(c) for c in comps], 1)
+    ok = first >= 1.0 - 1e-9
+    m = {"eval/accuracy": ok.float().mean().item(),
+         "eval/reward_mean": torch.nanmean(total).item()}
+    if pass_k and generator is not None:
+        ro = generator.generate(texts, max(pass_k, 2))
+        _, first_k = _score(runner, rows, [wrap(c) for c in ro.completions], ro.group_size)
+        n = ro.group_size
+        correct = (first_k >= 1.0 - 1e-9).view(len(rows), n).sum(-1)
+        m[f"eval/pass@{pass_k}"] = sum(pass_at_k(n, int(c), pass_k) for c in correct) / len(rows)
+    return m
