@@ -1,0 +1,325 @@
+"""Prompt sources and the prompt sampler.
+
+A dataset here is a list of row dicts. Every row has a "prompt" (plain text, or a chat: a list
+of {"role", "content"} messages) and any other columns (answers, tests, ...), which pass through
+untouched and reach the reward functions as keyword columns.
+
+`load_rows` reads JSONL, Parquet or a `datasets` save_to_disk folder; `format_prompt` turns a
+prompt into the text the policy sees; `filter_long_prompts` drops prompts over a token budget;
+`PromptSampler` deals out batches endlessly, deterministically and resumably. Built-in offline
+tasks live in `gspo.tasks`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A dataset or data argument is unusable; the message names the file, column or argument."""
+
+
+_EXTRA_HINT = "install the data extra: pip install 'gspo[data]'"
+
+
+def _import_optional(module: str, purpose: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"reading {purpose} needs the '{module}' package; {_EXTRA_HINT}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: line {lineno} is a {type(row).__name__}, not a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    pq = _import_optional("pyarrow.parquet", f"Parquet file {path}")
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises its own error types for corrupt files
+        raise DataError(f"{path}: cannot read as Parquet ({e})") from e
+
+
+def _read_saved_dataset(path: Path, split: str | None) -> list[dict]:
+    datasets = _import_optional("datasets", f"the saved dataset folder {path}")
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: not a folder made by datasets' save_to_disk ({e})") from e
+    if isinstance(ds, datasets.DatasetDict):
+        split = split or "train"
+        if split not in ds:
+            raise DataError(f"{path}: no split {split!r}; splits found: {', '.join(ds)}")
+        ds = ds[split]
+    return ds.to_list()
+
+
+def _prompt_kind(prompt: Any) -> str | None:
+    """'text', 'chat', or None when the value is neither."""
+    if isinstance(prompt, str):
+        return "text" if prompt.strip() else None
+    if isinstance(prompt, (list, tuple)) and prompt:
+        ok = all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in prompt)
+        return "chat" if ok else None
+    return None
+
+
+def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = "prompt") -> list[dict]:
+    """Check `rows` and return copies with `prompt_column` renamed to "prompt".
+
+    Raises DataError when the rows are empty, the prompt column is missing, a prompt is not a
+    non-empty string or a non-empty list of {"role", "content"} messages, or when plain-text
+    and chat prompts are mixed. `source` names the dataset in messages.
+    """
+    if not rows:
+        raise DataError(f"{source}: the dataset is empty")
+    if prompt_column != "prompt" and any("prompt" in r for r in rows):
+        raise DataError(
+            f"{source}: prompt_column is {prompt_column!r} but a 'prompt' column also exists; "
+            "rename one of them"
+        )
+    first_kind = None
+    out = []
+    for i, row in enumerate(rows):
+        if prompt_column not in row:
+            found = sorted({k for r in rows for k in r})
+            raise DataError(
+                f"{source}: row {i} has no prompt column {prompt_column!r}; columns found: {found}"
+            )
+        prompt = row[prompt_column]
+        kind = _prompt_kind(prompt)
+        if kind is None:
+            raise DataError(
+                f"{source}: row {i}, column {prompt_column!r}: a prompt must be a non-empty string "
+                f"or a non-empty list of {{'role', 'content'}} messages, got {str(prompt)[:100]!r}"
+            )
+        if first_kind is None:
+            first_kind = kind
+        elif kind != first_kind:
+            raise DataError(
+                f"{source}: row {i}, column {prompt_column!r} is a {kind} prompt but row 0 is a "
+                f"{first_kind} prompt; a dataset must not mix plain-text and chat prompts"
+            )
+        new = {("prompt" if k == prompt_column else k): v for k, v in row.items()}
+        if kind == "chat":
+            new["prompt"] = list(prompt)
+        out.append(new)
+    return out
+
+
+def load_rows(
+    source: str | os.PathLike, *, prompt_column: str = "prompt", split: str | None = None
+) -> list[dict]:
+    """Read a prompt dataset into a list of row dicts, with the prompt column named "prompt".
+
+    `source` is a `.jsonl` file (one JSON object per line; blank lines skipped), a `.parquet`
+    file, or a folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
+    for a DatasetDict, `split` picks one (default "train"); for a single Dataset `split` is
+    ignored. Parquet and saved datasets need the optional extra `gspo[data]`. All columns other
+    than the prompt column pass through unchanged. Rows of a JSONL file may have different keys.
+    """
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"load_rows: dataset path {str(path)!r} does not exist")
+    if path.is_dir():
+        rows = _read_saved_dataset(path, split)
+    elif path.suffix == ".jsonl":
+        rows = _read_jsonl(path)
+    elif path.suffix == ".parquet":
+        rows = _read_parquet(path)
+    else:
+        raise DataError(
+            f"load_rows: cannot read {str(path)!r}: expected a .jsonl or .parquet file, or a folder "
+            "made by datasets' save_to_disk"
+        )
+    return validate_rows(rows, source=str(path), prompt_column=prompt_column)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt text
+
+
+def format_prompt(prompt: str | list[dict], tokenizer: Any) -> str:
+    """The text the policy is conditioned on.
+
+    A plain-text prompt is returned as is (no template, no added BOS: the tokenizer's own
+    `add_special_tokens` decides that when the text is encoded). A chat prompt is rendered with
+    `tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)`.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise DataError(
+            f"format_prompt: the dataset has chat prompts but tokenizer {name!r} has no "
+            "chat_template; use plain-text prompts or a tokenizer with a chat template"
+        )
+    try:
+        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    except Exception as e:
+        raise DataError(f"format_prompt: the tokenizer's chat template failed on {prompt!r:.200}: {e}") from e
+    if not isinstance(text, str):  # some versions return a list for batched input
+        raise DataError(f"format_prompt: apply_chat_template returned {type(text).__name__}, not str")
+    return text
+
+
+def prompt_token_count(prompt: str | list[dict], tokenizer: Any) -> int:
+    """Tokens in the formatted prompt. Plain text is counted with the tokenizer's special tokens
+    (e.g. a BOS it adds); a rendered chat template already holds its special tokens, so none are
+    added."""
+    text = format_prompt(prompt, tokenizer)
+    ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
+    return len(ids)
+
+
+def filter_long_prompts(
+    rows: Sequence[dict], tokenizer: Any, max_prompt_tokens: int
+) -> tuple[list[dict], int]:
+    """Drop rows whose formatted prompt is longer than `max_prompt_tokens` tokens.
+
+    Returns (kept_rows, n_dropped); order is kept, and kept_rows may be empty (the caller
+    decides whether that is an error). Counting follows `prompt_token_count`.
+    """
+    if not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
+        raise DataError(f"filter_long_prompts: max_prompt_tokens must be a positive int, got {max_prompt_tokens!r}")
+    kept = [r for r in rows if prompt_token_count(r["prompt"], tokenizer) <= max_prompt_tokens]
+    return kept, len(rows) - len(kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+
+
+class PromptSampler:
+    """Endless batches of rows, epoch after epoch, the same on every run with the same seed.
+
+    Epoch e visits the rows in the order `numpy.random.default_rng([seed, e]).permutation(n)`
+    (or 0..n-1 when `shuffle=False`). Each step takes the next `batch_size * world_size`
+    consecutive rows of that order (the global batch) and rank r keeps rows
+    [r * batch_size, (r + 1) * batch_size) of it, so ranks never share a row within a step.
+    When fewer rows than one global batch remain in an epoch they are skipped that epoch (a
+    fresh permutation puts different rows last next time) and the next epoch starts.
+
+    `state_dict()` / `load_state_dict()` capture the position exactly: a sampler restored from
+    a state dict yields the same batches as one that never stopped.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict],
+        batch_size: int,
+        *,
+        seed: int,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise DataError(f"PromptSampler: batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(world_size, int) or world_size < 1:
+            raise DataError(f"PromptSampler: world_size must be a positive int, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise DataError(f"PromptSampler: rank must be in [0, {world_size}), got {rank!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise DataError(f"PromptSampler: seed must be a non-negative int, got {seed!r}")
+        self.rows = list(rows)
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, bool(shuffle)
+        self.rank, self.world_size = rank, world_size
+        self.global_batch_size = batch_size * world_size
+        if len(self.rows) < self.global_batch_size:
+            raise DataError(
+                f"PromptSampler: the dataset has {len(self.rows)} rows, fewer than one global batch "
+                f"(batch_size {batch_size} x world_size {world_size} = {self.global_batch_size})"
+            )
+        self._epoch, self._position = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        n = len(self.rows)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    @property
+    def epoch(self) -> int:
+        """Number of completed epochs (the epoch the next batch comes from, unless the rows
+        left in this one are fewer than a global batch)."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Rows of the current epoch's order already dealt out (all ranks together)."""
+        return self._position
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.rows) // self.global_batch_size
+
+    def next_batch(self) -> list[dict]:
+        """The next `batch_size` rows for this rank (shallow copies of the dataset rows)."""
+        if self._position + self.global_batch_size > len(self.rows):
+            self._epoch += 1
+            self._position = 0
+            self._order = self._permutation(self._epoch)
+        start = self._position + self.rank * self.batch_size
+        idx = self._order[start : start + self.batch_size]
+        self._position += self.global_batch_size
+        return [dict(self.rows[i]) for i in idx]
+
+    def __iter__(self) -> Iterator[list[dict]]:
+        return self
+
+    def __next__(self) -> list[dict]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        """JSON-able position, plus what must match for a resume to be exact."""
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "seed": self.seed,
+            "num_rows": len(self.rows),
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "shuffle": int(self.shuffle),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a position from `state_dict()`. DataError if the dataset size, seed, batch
+        size, world size or shuffle setting differ from the saved run's."""
+        mine = self.state_dict()
+        for key in ("num_rows", "seed", "batch_size", "world_size", "shuffle"):
+            if key in state and int(state[key]) != mine[key]:
+                raise DataError(
+                    f"PromptSampler.load_state_dict: saved {key}={state[key]} but this sampler has "
+                    f"{key}={mine[key]}; an exact resume needs the same data and settings"
+                )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= len(self.rows):
+            raise DataError(f"PromptSampler.load_state_dict: bad epoch/position {epoch}/{position}")
+        self._epoch, self._position = epoch, position
+        self._order = self._permutation(epoch)

@@ -1,0 +1,267 @@
+"""gspo.data and gspo.tasks: loading, validation, prompt formatting, the sampler, built-in tasks."""
+
+import json
+
+import pytest
+
+from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows, validate_rows
+from gspo.tasks import TASK_CHARS, TASKS, arithmetic, make_task, sorting
+
+ROWS = [
+    {"prompt": "1+1=", "answer": "2", "meta": {"id": 0, "tags": ["a"]}},
+    {"prompt": "2+3=", "answer": "5", "meta": {"id": 1, "tags": []}},
+]
+CHAT_ROWS = [
+    {"question": [{"role": "user", "content": "hi"}], "answer": "1"},
+    {"question": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "yo"}], "answer": "2"},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    """Every character is a token; the chat template renders '<role>content\\n' per message."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789+-=:<>|/ \n"))
+    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>",
+                                   chat_template=template)
+
+
+# ------------------------------------------------------------------------------ load_rows
+
+
+def test_jsonl_round_trip_passes_extra_columns(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    assert load_rows(path) == ROWS
+
+
+def test_jsonl_renames_prompt_column_and_keeps_chat(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", CHAT_ROWS)
+    rows = load_rows(str(path), prompt_column="question")
+    assert [r["prompt"] for r in rows] == [r["question"] for r in CHAT_ROWS]
+    assert all("question" not in r and r.keys() == {"prompt", "answer"} for r in rows)
+
+
+def test_parquet_round_trip(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)
+    assert load_rows(path) == ROWS
+
+
+def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
+    import datasets
+
+    renamed = [{"text": r["prompt"], "answer": r["answer"]} for r in ROWS]
+    datasets.Dataset.from_list(renamed).save_to_disk(str(tmp_path / "ds"))
+    rows = load_rows(tmp_path / "ds", prompt_column="text")
+    assert rows == [{"prompt": r["prompt"], "answer": r["answer"]} for r in ROWS]
+
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:1]),
+                               "test": datasets.Dataset.from_list(ROWS[1:])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    assert load_rows(tmp_path / "dd") == ROWS[:1]  # default split "train"
+    assert load_rows(tmp_path / "dd", split="test") == ROWS[1:]
+    with pytest.raises(DataError, match=r"no split 'valid'.*train, test"):
+        load_rows(tmp_path / "dd", split="valid")
+
+
+def test_missing_file_names_path(tmp_path):
+    with pytest.raises(DataError, match="nope.jsonl"):
+        load_rows(tmp_path / "nope.jsonl")
+
+
+def test_unknown_extension(tmp_path):
+    (tmp_path / "d.csv").write_text("prompt\nx\n")
+    with pytest.raises(DataError, match=r"d\.csv.*\.jsonl or \.parquet"):
+        load_rows(tmp_path / "d.csv")
+
+
+def test_bad_json_line_names_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(DataError, match=r"d\.jsonl: line 2"):
+        load_rows(path)
+
+
+def test_missing_prompt_column_lists_columns(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(DataError, match=r"no prompt column 'prompt'.*\['answer', 'question'\]"):
+        load_rows(path)
+
+
+def test_empty_dataset(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DataError, match=r"d\.jsonl: the dataset is empty"):
+        load_rows(path)
+
+
+def test_mixed_plain_and_chat_names_row(tmp_path):
+    rows = [{"prompt": "a"}, {"prompt": "b"}, {"prompt": [{"role": "user", "content": "c"}]}]
+    with pytest.raises(DataError, match=r"row 2.*must not mix"):
+        load_rows(write_jsonl(tmp_path / "d.jsonl", rows))
+
+
+@pytest.mark.parametrize("bad", ["", "   ", None, 3, [], [{"content": "no role"}], ["str"]])
+def test_bad_prompt_values(bad):
+    with pytest.raises(DataError, match=r"src: row 1, column 'prompt'"):
+        validate_rows([{"prompt": "ok"}, {"prompt": bad}], source="src")
+
+
+def test_prompt_column_clash():
+    with pytest.raises(DataError, match="'prompt' column also exists"):
+        validate_rows([{"q": "a", "prompt": "b"}], source="src", prompt_column="q")
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def test_format_prompt_plain_and_chat(char_tokenizer):
+    assert format_prompt("1+1=", char_tokenizer) == "1+1="
+    text = format_prompt(CHAT_ROWS[1]["question"], char_tokenizer)
+    assert text == "<system>be brief\n<user>yo\n<assistant>"
+
+
+def test_format_prompt_without_chat_template(char_tokenizer):
+    tok = char_tokenizer.__class__(tokenizer_object=char_tokenizer.backend_tokenizer, unk_token="<unk>")
+    tok.chat_template = None
+    with pytest.raises(DataError, match="no chat_template"):
+        format_prompt([{"role": "user", "content": "hi"}], tok)
+
+
+def test_filter_long_prompts_counts_formatted_chat(char_tokenizer):
+    rows = [{"prompt": "12345"}, {"prompt": "123"}, {"prompt": "1234567"}]
+    kept, dropped = filter_long_prompts(rows, char_tokenizer, 5)
+    assert kept == rows[:2] and dropped == 1
+    chat = [{"prompt": [{"role": "user", "content": "ab"}]}]  # "<user>ab\n<assistant>" = 20 chars
+    assert filter_long_prompts(chat, char_tokenizer, 20) == (chat, 0)
+    assert filter_long_prompts(chat, char_tokenizer, 19) == ([], 1)
+
+
+# ------------------------------------------------------------------------------ sampler
+
+ROWS100 = [{"prompt": f"p{i}", "i": i} for i in range(100)]
+
+
+def ids(batch):
+    return [r["i"] for r in batch]
+
+
+def test_sampler_deterministic_and_epochs_are_permutations():
+    a = PromptSampler(ROWS100, 8, seed=3)
+    b = PromptSampler(ROWS100, 8, seed=3)
+    first = [ids(a.next_batch()) for _ in range(12)]
+    assert first == [ids(b.next_batch()) for _ in range(12)]
+    epoch0 = sum(first[:12], [])
+    assert len(set(epoch0)) == 96  # 12 batches of 8 = 96 distinct rows, 4 dropped
+    assert a.epoch == 0 and a.position == 96
+    epoch1 = sum((ids(a.next_batch()) for _ in range(12)), [])
+    assert a.epoch == 1 and len(set(epoch1)) == 96 and epoch1 != epoch0
+    assert ids(PromptSampler(ROWS100, 8, seed=4).next_batch()) != first[0]
+
+
+def test_sampler_no_shuffle_in_order():
+    s = PromptSampler(ROWS100, 30, seed=0, shuffle=False)
+    assert [ids(s.next_batch())[0] for _ in range(4)] == [0, 30, 60, 0]
+    assert s.epoch == 1
+
+
+@pytest.mark.parametrize("stop", [0, 5, 11, 12, 13, 30])  # 12 steps per epoch: 11-13 straddle the boundary
+def test_sampler_resume_equals_uninterrupted(stop):
+    ref = PromptSampler(ROWS100, 8, seed=7)
+    expected = [ids(ref.next_batch()) for _ in range(stop + 20)]
+    s = PromptSampler(ROWS100, 8, seed=7)
+    for _ in range(stop):
+        s.next_batch()
+    state = json.loads(json.dumps(s.state_dict()))
+    assert all(type(v) is int for v in state.values())
+    resumed = PromptSampler(ROWS100, 8, seed=7)
+    resumed.load_state_dict(state)
+    assert [ids(resumed.next_batch()) for _ in range(20)] == expected[stop:]
+
+
+def test_sampler_load_state_rejects_other_settings():
+    state = PromptSampler(ROWS100, 8, seed=7).state_dict()
+    with pytest.raises(DataError, match="batch_size"):
+        PromptSampler(ROWS100, 4, seed=7).load_state_dict(state)
+    with pytest.raises(DataError, match="num_rows"):
+        PromptSampler(ROWS100[:50], 8, seed=7).load_state_dict(state)
+
+
+def test_sampler_ranks_disjoint_and_cover_global_batch():
+    world = 3
+    samplers = [PromptSampler(ROWS100, 5, seed=1, rank=r, world_size=world) for r in range(world)]
+    single = PromptSampler(ROWS100, 15, seed=1)
+    for _ in range(14):  # crosses the epoch boundary (6 global steps per epoch)
+        per_rank = [ids(s.next_batch()) for s in samplers]
+        assert sum(per_rank, []) == ids(single.next_batch())
+        assert len(set(sum(per_rank, []))) == 15
+
+
+def test_sampler_errors():
+    with pytest.raises(DataError, match=r"4 rows, fewer than one global batch.*2 x world_size 3"):
+        PromptSampler(ROWS100[:4], 2, seed=0, world_size=3)
+    with pytest.raises(DataError, match="rank"):
+        PromptSampler(ROWS100, 2, seed=0, rank=2, world_size=2)
+    with pytest.raises(DataError, match="batch_size"):
+        PromptSampler(ROWS100, 0, seed=0)
+
+
+# ------------------------------------------------------------------------------ tasks
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_arithmetic_answers_correct_and_deterministic(difficulty):
+    rows = arithmetic(300, seed=5, difficulty=difficulty)
+    assert rows == arithmetic(300, seed=5, difficulty=difficulty)
+    assert rows != arithmetic(300, seed=6, difficulty=difficulty)
+    for r in rows:
+        expr = r["prompt"]
+        assert expr.endswith("=") and set(expr + r["answer"]) <= TASK_CHARS
+        assert int(r["answer"]) == eval(expr[:-1])  # noqa: S307 - digits and + - * only
+    ops = {next(c for c in r["prompt"][1:] if c in "+-*") for r in rows}
+    assert ops == {1: {"+"}, 2: {"+", "-"}, 3: {"+", "-", "*"}}[difficulty]
+
+
+def test_arithmetic_ranges():
+    assert all(max(map(int, r["prompt"][:-1].split("+"))) <= 99 for r in arithmetic(200, seed=0))
+    for r in arithmetic(200, seed=0, difficulty=3):
+        if "*" in r["prompt"]:
+            assert len(r["answer"]) <= 4
+
+
+@pytest.mark.parametrize("difficulty,lengths", [(1, {3, 4}), (2, {5, 6}), (3, {7, 8})])
+def test_sorting(difficulty, lengths):
+    rows = sorting(200, seed=1, difficulty=difficulty)
+    assert rows == make_task("sorting", 200, seed=1, difficulty=difficulty)
+    for r in rows:
+        digits = r["prompt"][len("sort:"):-1]
+        assert r["prompt"] == f"sort:{digits}=" and r["answer"] == "".join(sorted(digits))
+        assert set(r["prompt"] + r["answer"]) <= TASK_CHARS
+    assert {len(r["answer"]) for r in rows} == lengths
+
+
+def test_tasks_registry_and_errors():
+    assert set(TASKS) == {"arithmetic", "sorting"}
+    with pytest.raises(DataError, match=r"unknown task 'nope'; known tasks: arithmetic, sorting"):
+        make_task("nope", 3, seed=0)
+    with pytest.raises(DataError, match="difficulty"):
+        make_task("arithmetic", 3, seed=0, difficulty=4)
+    with pytest.raises(DataError, match="n must be"):
+        arithmetic(0, seed=0)

@@ -1,0 +1,273 @@
+"""gspo.rewards: built-ins, name resolution, and the worker-process runner's error policies."""
+
+import math
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from gspo.rewards import (
+    BUILTIN_REWARDS,
+    RewardConfigError,
+    RewardError,
+    RewardRunner,
+    RewardSpec,
+    exact_answer,
+    format_reward,
+    make_format_reward,
+    math_verify,
+    resolve_reward,
+    validate_specs,
+)
+
+# ------------------------------------------------------------------------ user functions
+# Defined in this test module: forked workers must run them as they are.
+
+
+def length_reward(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def answer_or_none(prompts, completions, answer, **kwargs):
+    return [None if a is None else float(c == a) for c, a in zip(completions, answer)]
+
+
+def fails_on_bad(prompts, completions, **kwargs):
+    if any(c == "bad" for c in completions):
+        raise ValueError("cannot score 'bad'")
+    return [1.0] * len(completions)
+
+
+def sleeps_on_hang(prompts, completions, **kwargs):
+    if "hang" in completions:
+        time.sleep(60)
+    return [1.0] * len(completions)
+
+
+def scaled(prompts, completions, scale=1.0, **kwargs):
+    return [scale] * len(completions)
+
+
+def worker_pid(prompts, completions, **kwargs):
+    return [float(os.getpid())] * len(completions)
+
+
+def dies(prompts, completions, **kwargs):
+    os._exit(3)
+
+
+# ------------------------------------------------------------------------ built-ins
+
+
+@pytest.mark.parametrize("completion,expected", [
+    ("19", 1.0), ("  19\n", 1.0), ("18", 0.0), ("it is 19", 0.0),
+    ("so \\boxed{19}", 1.0), ("\\boxed{18} then \\boxed{ 19 }", 1.0), ("\\boxed{19} then \\boxed{18}", 0.0),
+    ("<think>x</think><answer> 19 </answer>", 1.0), ("<answer>19</answer><answer>1</answer>", 0.0),
+])
+def test_exact_answer(completion, expected):
+    assert exact_answer(["p"], [completion], answer=["19"]) == [expected]
+
+
+def test_exact_answer_nested_braces_missing_answer_and_chat_shape():
+    assert exact_answer(["p"], ["\\boxed{\\frac{1}{2}}"], answer=["\\frac{1}{2}"]) == [1.0]
+    assert exact_answer(["p", "p"], ["1", "1"], answer=[None, 1]) == [None, 1.0]  # int answer compared as str
+    assert exact_answer(["p"], ["1"]) == [None]  # no answer column at all
+    assert exact_answer(["p"], ["b"], answer=[["a", "b"]]) == [1.0]  # list of acceptable answers
+    chat = [[{"role": "assistant", "content": "\\boxed{7}"}]]
+    assert exact_answer(["p"], chat, answer=["7"]) == [1.0]
+
+
+def test_math_verify_equivalence():
+    completions = ["The answer is \\boxed{1/2}", "\\boxed{0.5}", "\\boxed{0.6}", "no number here"]
+    assert math_verify([""] * 4, completions, answer=["0.5", "\\frac{1}{2}", "0.5", "0.5"]) == [1.0, 1.0, 0.0, 0.0]
+    assert math_verify([""], ["1"], answer=[None]) == [None]
+
+
+def test_math_verify_off_the_main_thread():
+    # math-verify's SIGALRM timeouts fail on other threads; the built-in turns them off there.
+    out = []
+    t = threading.Thread(target=lambda: out.append(math_verify([""], ["\\boxed{2}"], answer=["2"])))
+    t.start()
+    t.join()
+    assert out == [[1.0]]
+
+
+def test_format_reward():
+    good = "<think>\nhmm\n</think>\n<answer>4</answer>\n"
+    assert format_reward([""] * 3, [good, "<answer>4</answer>", good + "x"]) == [1.0, 0.0, 0.0]
+    digits = make_format_reward(r"\d+")
+    assert digits([""] * 2, ["123", "12a"]) == [1.0, 0.0]
+
+
+# ------------------------------------------------------------------------ resolution
+
+
+def test_resolve_builtins_paths_and_callables():
+    assert resolve_reward("exact_answer") is exact_answer
+    assert resolve_reward("gspo.rewards:math_verify") is math_verify
+    assert resolve_reward("gspo.rewards.format_reward") is format_reward
+    assert resolve_reward(length_reward) is length_reward
+    assert "code_tests" in BUILTIN_REWARDS
+
+
+def test_resolve_errors():
+    known = "code_tests, exact_answer, format, math_verify"
+    with pytest.raises(RewardConfigError, match=rf"unknown reward 'nope'.*{known}"):
+        resolve_reward("nope")
+    with pytest.raises(RewardConfigError, match="cannot import module 'no_such_pkg.mod'"):
+        resolve_reward("no_such_pkg.mod:f")
+    with pytest.raises(RewardConfigError, match="has no attribute 'nothing'"):
+        resolve_reward("gspo.rewards:nothing")
+    with pytest.raises(RewardConfigError, match=r"must accept \*\*kwargs"):
+        resolve_reward(lambda prompts, completions: [])
+
+
+def test_validate_specs_keys_and_errors():
+    keys = [k for k, _, _ in validate_specs(["format", {"name": "format", "kwargs": {"pattern": "x"}}, "exact_answer"])]
+    assert keys == ["format", "format_2", "exact_answer"]
+    with pytest.raises(RewardConfigError, match="weight"):
+        validate_specs([RewardSpec("format", weight=float("nan"))])
+    with pytest.raises(RewardConfigError, match="unknown reward 'nope'"):
+        validate_specs(["format", "nope"])
+
+
+# ------------------------------------------------------------------------ runner
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with RewardRunner([RewardSpec(length_reward, weight=0.5), RewardSpec("exact_answer", weight=2.0)],
+                      num_workers=2) as r:
+        yield r
+
+
+def test_runner_weighted_sum_in_worker_processes(runner):
+    res = runner.score(["p"] * 3, ["ab", "7", "x"], {"answer": ["ab", "7", "y"]})
+    # 0.5 * len + 2 * exact: [0.5*2 + 2, 0.5*1 + 2, 0.5*1 + 0]
+    assert res.rewards.dtype == torch.float32 and res.rewards.tolist() == [3.0, 2.5, 0.5]
+    assert res.per_function == {"length_reward": [2.0, 1.0, 1.0], "exact_answer": [1.0, 1.0, 0.0]}
+    assert res.stats["reward/exact_answer/mean"] == pytest.approx(2 / 3)
+    assert res.stats["reward/missing"] == 0 and res.stats["reward/errors"] == 0
+
+
+def test_runner_runs_in_other_processes():
+    with RewardRunner([worker_pid], num_workers=2) as r:
+        pids = set(r.score(["p"] * 4, ["c"] * 4).per_function["worker_pid"])
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_missing_values_make_nan_unless_weight_zero():
+    specs = [RewardSpec(answer_or_none), RewardSpec(length_reward)]
+    with RewardRunner(specs) as r:
+        res = r.score(["p"] * 2, ["a", "b"], {"answer": [None, "b"]})
+    assert math.isnan(res.rewards[0]) and res.rewards[1] == 2.0
+    assert res.stats["reward/missing"] == 1 and res.stats["reward/mean"] == 2.0
+    with RewardRunner([RewardSpec(answer_or_none, weight=0.0), RewardSpec(length_reward)]) as r:
+        assert r.score(["p"] * 2, ["a", "b"], {"answer": [None, "b"]}).rewards.tolist() == [1.0, 1.0]
+
+
+def test_spec_kwargs_reach_function():
+    with RewardRunner([RewardSpec(scaled, kwargs={"scale": 3.0})]) as r:
+        assert r.score(["p"], ["c"]).rewards.tolist() == [3.0]
+
+
+def test_raise_names_function_and_sample():
+    with RewardRunner([fails_on_bad], num_workers=2) as r:
+        with pytest.raises(RewardError) as e:
+            r.score(["p0", "p1", "p2", "the prompt"], ["ok", "ok", "ok", "bad"])
+        msg = str(e.value)
+        assert "'fails_on_bad' raised on sample 3" in msg and "'the prompt'" in msg and "'bad'" in msg
+        assert "ValueError: cannot score 'bad'" in msg  # the traceback text
+        assert r.score(["p"], ["ok"]).rewards.tolist() == [1.0]  # still usable
+
+
+@pytest.mark.parametrize("policy,fill", [("skip", math.nan), ("zero", 0.0)])
+def test_skip_and_zero_policies(policy, fill):
+    with RewardRunner([fails_on_bad, length_reward], on_error=policy) as r:
+        res = r.score(["p"] * 3, ["ok", "bad", "okay"])
+    assert res.per_function["fails_on_bad"][0] == 1.0 and res.per_function["fails_on_bad"][2] == 1.0
+    got = res.per_function["fails_on_bad"][1]
+    assert (math.isnan(got) if math.isnan(fill) else got == fill)
+    assert res.stats["reward/errors"] == 1 and res.stats["reward/missing"] == (1 if policy == "skip" else 0)
+    assert res.rewards.tolist()[0] == 3.0 and res.rewards.tolist()[2] == 5.0
+    assert len(res.errors) == 1 and "sample 1" in res.errors[0]
+
+
+def test_hang_is_killed_at_deadline_and_runner_recovers():
+    with RewardRunner([sleeps_on_hang], timeout_s=1.0, num_workers=2) as r:
+        old_pids = [p.pid for p, _ in r._workers]
+        t0 = time.monotonic()
+        with pytest.raises(RewardError, match=r"'sleeps_on_hang' timed out after 1s on samples 2\.\.3"):
+            r.score(["p"] * 4, ["a", "b", "c", "hang"])
+        assert time.monotonic() - t0 < 5
+        assert r._workers[0][0].pid == old_pids[0] and r._workers[1][0].pid != old_pids[1]
+        assert r.score(["p"] * 4, ["a"] * 4).rewards.tolist() == [1.0] * 4
+    with RewardRunner([sleeps_on_hang, length_reward], timeout_s=1.0, on_error="skip", num_workers=2) as r:
+        res = r.score(["p"] * 4, ["a", "b", "c", "hang"])
+        assert res.stats["reward/timeouts"] == 2 and res.stats["reward/missing"] == 2
+        assert res.rewards[:2].tolist() == [2.0, 2.0]  # the other chunk and function still count
+        assert res.per_function["length_reward"] == [1.0, 1.0, 1.0, 4.0]
+
+
+def test_stale_reply_from_an_interrupted_call_is_dropped():
+    with RewardRunner([length_reward]) as r:
+        r.score(["p"], ["abc"])
+        r._send(0, ("call", -1, 0, False))  # as if a score() had been interrupted mid-call
+        assert r.score(["p"], ["a"]).rewards.tolist() == [1.0]
+
+
+def test_lazy_builtin_import_failure(monkeypatch):
+    monkeypatch.setitem(BUILTIN_REWARDS, "lazy", "gspo_no_such_module:reward")
+    with pytest.raises(RewardConfigError, match="reward 'lazy': cannot import module 'gspo_no_such_module'"):
+        resolve_reward("lazy")
+
+
+def test_dead_worker_is_replaced():
+    with RewardRunner([dies], on_error="zero") as r:
+        res = r.score(["p"], ["c"])
+        assert res.rewards.tolist() == [0.0] and res.stats["reward/errors"] == 1
+        assert r._workers[0][0].is_alive()
+
+
+@pytest.mark.parametrize("fn,match", [
+    (lambda prompts, completions, **kw: [1.0], "returned 1 values for 2 completions"),
+    (lambda prompts, completions, **kw: [1.0, "x"], "returned 'x' for sample 1"),
+    (lambda prompts, completions, **kw: [1.0, float("nan")], "returned nan for sample 1"),
+    (lambda prompts, completions, **kw: 1.0, "returned float"),
+])
+def test_contract_violations_always_raise(fn, match):
+    with RewardRunner([fn], on_error="skip") as r:
+        with pytest.raises(RewardError, match=match):
+            r.score(["p"] * 2, ["a", "b"])
+
+
+def test_numpy_and_bool_values_accepted():
+    import numpy as np
+
+    with RewardRunner([lambda prompts, completions, **kw: np.array([True, False])], num_workers=0) as r:
+        assert r.score(["p"] * 2, ["a", "b"]).rewards.tolist() == [1.0, 0.0]
+
+
+def test_math_verify_in_runner():
+    with RewardRunner(["math_verify"], timeout_s=20.0) as r:
+        res = r.score(["q"] * 2, ["\\boxed{1/2}", "\\boxed{2}"], {"answer": ["0.5", "3"]})
+    assert res.rewards.tolist() == [1.0, 0.0]
+
+
+def test_score_argument_errors(runner):
+    with pytest.raises(ValueError, match=r"column 'answer' has 1 values \(for 2 completions\)"):
+        runner.score(["p"] * 2, ["a", "b"], {"answer": ["x"]})
+    with pytest.raises(RewardConfigError, match="on_error"):
+        RewardRunner(["format"], on_error="ignore")
+
+
+def test_overhead_is_small(runner):
+    # Round trips to long-lived workers, not process start-ups: a few ms per step at most.
+    prompts, completions, cols = ["p"] * 128, ["c"] * 128, {"answer": ["c"] * 128}
+    runner.score(prompts, completions, cols)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        runner.score(prompts, completions, cols)
+    assert (time.perf_counter() - t0) / 20 < 0.05
