@@ -1,0 +1,497 @@
+"""Crash-safe training checkpoints: save, verify, find the one to resume from, load.
+
+Layout under a run directory::
+
+    <run_dir>/checkpoints/
+        step-<N>/
+            model.safetensors   model state dict (tied/shared tensors stored once)
+            optimizer.pt        optimizer.state_dict(); read back only with weights_only=True
+            scheduler.json      the JSON-able part of scheduler.state_dict()
+            rng.json            python / numpy / torch CPU / every CUDA device RNG state
+            trainer_state.json  whatever JSON dict the trainer passes (step, sampler position, ...)
+            config.yaml         the resolved config text
+            COMPLETE            manifest: every file's name, size and sha256; written last
+        latest                  text file naming the newest step directory; written last
+        .tmp-step-<N>-<pid>/    a save in progress (or left behind by a crash)
+
+A save builds everything in the temp directory, fsyncs each file and the directory, renames
+it to ``step-<N>``, fsyncs ``checkpoints/``, then atomically replaces ``latest``. A crash (or
+kill -9, or a full disk) at any point leaves the previous checkpoint and ``latest`` usable.
+Nothing is ever unpickled: tensors go through safetensors or ``torch.load(weights_only=True)``,
+everything else through JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import safetensors.torch
+
+__all__ = [
+    "CheckpointError", "CheckpointWarning", "save_checkpoint", "load_checkpoint", "verify_checkpoint",
+    "list_checkpoints", "find_resume_checkpoint", "resolve_resume", "capture_rng_state", "restore_rng_state",
+    "save_model_state", "load_model_state", "save_optimizer_state", "load_optimizer_state",
+]
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MANIFEST = "COMPLETE"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.json"
+RNG_FILE = "rng.json"
+TRAINER_STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step-(\d+)$")
+_TMP_RE = re.compile(r"^\.tmp-.*-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved, found, verified or loaded; the message names the path."""
+
+
+class CheckpointWarning(UserWarning):
+    """A partial or corrupt checkpoint was skipped while looking for one to resume from."""
+
+
+# ----------------------------------------------------------------------------- fsync helpers
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file or directory by path (directories: so a rename inside it is durable)."""
+    if path.is_dir() and os.name == "nt":  # Windows cannot open directories; renames are durable enough
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- model / optimizer
+# Four small functions so a sharded (torch.distributed.checkpoint) variant can replace them.
+
+
+def save_model_state(model: torch.nn.Module, path: Path, *, trainable_only: bool = False) -> None:
+    """Write the model's parameters/buffers to ``path`` (safetensors).
+
+    Tied weights (e.g. lm_head/embed_tokens) are stored once; ``load_model_state`` re-ties them.
+    ``trainable_only`` stores only parameters with ``requires_grad`` (LoRA adapters), no buffers.
+    """
+    if not trainable_only:
+        safetensors.torch.save_model(model, str(path), force_contiguous=True)
+        return
+    # named_parameters() already drops the second name of a tied parameter; clone so that
+    # parameters that are views of one storage do not trip safetensors' shared-tensor check.
+    tensors = {n: p.detach().cpu().clone().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    safetensors.torch.save_file(tensors, str(path))
+
+
+def load_model_state(model: torch.nn.Module, path: Path, *, trainable_only: bool = False) -> None:
+    """Load ``path`` into ``model`` in place; raise on any missing or unexpected key."""
+    device = next(model.parameters(), torch.empty(0)).device
+    device = str(device) if device.type != "meta" else "cpu"
+    if not trainable_only:
+        safetensors.torch.load_model(model, str(path), strict=True, device=device)
+        return
+    tensors = safetensors.torch.load_file(str(path), device=device)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    unexpected = sorted(set(tensors) - set(params))
+    loaded = {id(params[n]) for n in tensors if n in params}
+    missing = sorted(n for n, p in params.items() if p.requires_grad and id(p) not in loaded)
+    if unexpected or missing:
+        raise RuntimeError(f"trainable-only weights do not match the model: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t)
+
+
+def save_optimizer_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Write ``optimizer.state_dict()`` with torch.save (tensors, numbers, strings, tuples only)."""
+    with open(path, "wb") as f:
+        torch.save(optimizer.state_dict(), f)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Load optimizer state; weights_only=True refuses anything that would need unpickling code."""
+    # map_location="cpu": load_state_dict moves each state tensor to its parameter's device.
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------- scheduler / RNG
+
+
+def _scheduler_json(scheduler) -> dict:
+    """The JSON-able entries of ``scheduler.state_dict()``; the rest (e.g. lambdas) is rebuilt by code."""
+    state, dropped = {}, []
+    for key, value in scheduler.state_dict().items():
+        try:
+            json.dumps(value, allow_nan=True)
+            state[key] = value
+        except (TypeError, ValueError):
+            dropped.append(key)
+    return {"state": state, "dropped": dropped}
+
+
+def _load_scheduler(scheduler, saved: dict) -> None:
+    # Start from the live state dict so entries we could not store (lr_lambdas, ...) keep the
+    # values the trainer's code just built.
+    state = scheduler.state_dict()
+    state.update(saved["state"])
+    scheduler.load_state_dict(state)
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def capture_rng_state() -> dict:
+    """Python, numpy, torch CPU and every CUDA device's RNG state, as a JSON-able dict."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch_cpu": _b64(torch.get_rng_state()),
+        "torch_cuda": [],
+    }
+    if torch.cuda.is_available():
+        state["torch_cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Inverse of ``capture_rng_state``. CUDA states are restored for the devices both runs have."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(state["torch_cpu"]))
+    cuda = state.get("torch_cuda", [])
+    if cuda and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if n != len(cuda):
+            warnings.warn(f"checkpoint has RNG states for {len(cuda)} CUDA devices, this machine has {n}; "
+                          f"restoring the first {min(n, len(cuda))}", CheckpointWarning, stacklevel=2)
+        for i, s in enumerate(cuda[:n]):
+            torch.cuda.set_rng_state(_unb64(s), device=i)
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """All ``step-<N>`` directories under ``root``, newest (highest N) first."""
+    if not root.is_dir():
+        return []
+    dirs = [p for p in root.iterdir() if p.is_dir() and _step_of(p) is not None]
+    return sorted(dirs, key=_step_of, reverse=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours from an earlier failed attempt in this process: stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    """Delete temp dirs left by crashed saves (any whose writer pid is no longer running)."""
+    for p in root.iterdir():
+        m = _TMP_RE.match(p.name)
+        if m and not _pid_alive(int(m.group(1))):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+def _write_checkpoint_files(tmp: Path, step: int, model, optimizer, scheduler, rng: dict, state_text: str,
+                            config_text: str, trainable_only: bool) -> None:
+    """Write every file into ``tmp``; the manifest goes last so its presence means 'complete'."""
+    save_model_state(model, tmp / MODEL_FILE, trainable_only=trainable_only)
+    if optimizer is not None:
+        save_optimizer_state(optimizer, tmp / OPTIMIZER_FILE)
+    if scheduler is not None:
+        _write_text(tmp / SCHEDULER_FILE, json.dumps(_scheduler_json(scheduler), indent=1))
+    _write_text(tmp / RNG_FILE, json.dumps(rng))
+    _write_text(tmp / TRAINER_STATE_FILE, state_text)
+    _write_text(tmp / CONFIG_FILE, config_text)
+    files = {}
+    for f in sorted(tmp.iterdir()):
+        _fsync_path(f)
+        files[f.name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+    manifest = {"format": FORMAT_VERSION, "step": step, "trainable_only": trainable_only, "files": files}
+    _write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    _fsync_path(tmp)
+
+
+def _write_latest(root: Path, name: str) -> None:
+    tmp = root / f".tmp-latest-{os.getpid()}"
+    _write_text(tmp, name + "\n")
+    os.replace(tmp, root / LATEST)
+    _fsync_path(root)
+
+
+def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | None) -> None:
+    """Keep ``current`` plus the newest ``keep_last - 1`` complete checkpoints older than it.
+
+    Checkpoints with a higher step than ``current`` come from an earlier run that went further
+    (the trainer resumed from an older one); they are never deleted, and a warning says so on
+    the save that moves ``latest`` away from them.
+    """
+    step = _step_of(current)
+    newer = [p.name for p in _step_dirs(root) if _step_of(p) > step]
+    if previous_latest in newer:
+        warnings.warn(f"{root} holds checkpoints newer than step {step} from an earlier run: {newer}; "
+                      f"they are kept, but `latest` now names {current.name}", CheckpointWarning, stacklevel=3)
+    kept = 1
+    for p in _step_dirs(root):
+        if _step_of(p) >= step:
+            continue
+        if kept < keep_last and (p / MANIFEST).is_file():
+            kept += 1
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
+                    trainer_state: dict, config_text: str = "", keep_last: int = 3,
+                    trainable_only: bool = False) -> Path:
+    """Atomically write ``<run_dir>/checkpoints/step-<step>/`` and point ``latest`` at it.
+
+    Returns the checkpoint directory. Any failure while writing (a full disk, a permission
+    error, ...) raises ``CheckpointError`` naming the path and the cause, removes the partial
+    temp directory and leaves the previous checkpoint and ``latest`` untouched. Afterwards all
+    but the newest ``keep_last`` complete checkpoints are deleted. ``trainer_state`` must be
+    JSON-able (tuples come back as lists, dict keys as strings). ``model`` is the unwrapped
+    module (not DDP/FSDP). RNG states are those of this process only.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / f"step-{step}"
+    try:
+        state_text = json.dumps(trainer_state, indent=1, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"trainer_state for {final} is not JSON-serialisable: {e}") from e
+    rng = capture_rng_state()  # before any I/O so the saved state is exactly the trainer's
+
+    tmp = root / f".tmp-step-{step}-{os.getpid()}"
+    old = root / f".tmp-old-step-{step}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(root)
+        tmp.mkdir()
+        _write_checkpoint_files(tmp, step, model, optimizer, scheduler, rng, state_text, config_text,
+                                trainable_only)
+        if final.exists():  # from an earlier (possibly partial) run: set aside, delete once replaced
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_path(root)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():
+            os.replace(old, final)  # the earlier step-<N> was set aside but not replaced: put it back
+        if not isinstance(e, Exception):
+            raise  # KeyboardInterrupt etc.: clean up, do not wrap
+        cause = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
+        full = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+        hint = " (disk full?)" if isinstance(e, OSError) and e.errno in full else ""
+        raise CheckpointError(f"could not save checkpoint {final}: {type(e).__name__}: {cause}{hint}; "
+                              f"{_latest_note(root)}") from e
+    shutil.rmtree(old, ignore_errors=True)
+    previous_latest = _read_latest(root)
+    try:
+        _write_latest(root, final.name)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {final} was written but {root / LATEST} could not be updated: "
+                              f"{os.strerror(e.errno) if e.errno else e}; {_latest_note(root)}") from e
+    _prune(root, final, keep_last, previous_latest)
+    return final
+
+
+def _latest_note(root: Path) -> str:
+    target = _read_latest(root)
+    return f"the previous checkpoint {root / target} is untouched" if target else "no earlier checkpoint exists"
+
+
+# ----------------------------------------------------------------------------- verify / find
+
+
+def _read_latest(root: Path) -> str | None:
+    try:
+        name = (root / LATEST).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return name if _STEP_RE.match(name) else None
+
+
+def verify_checkpoint(path, *, checksums: bool = True) -> dict:
+    """Check ``path`` against its manifest (sizes, and sha256 if ``checksums``); return the manifest.
+
+    Raises ``CheckpointError`` naming the directory and what is wrong.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = {name: (int(meta["size"]), str(meta["sha256"])) for name, meta in manifest["files"].items()}
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} manifest") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path} has an unreadable {MANIFEST} manifest: {e}") from e
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}, expected {FORMAT_VERSION}")
+    for name, (size, sha256) in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+        if f.stat().st_size != size:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} has {f.stat().st_size} bytes, "
+                                  f"manifest says {size}")
+        if checksums and _sha256(f) != sha256:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} fails its sha256 check")
+    return manifest
+
+
+def list_checkpoints(run_dir) -> list[Path]:
+    """Complete checkpoints under ``run_dir``, newest (highest step) first.
+
+    'Complete' here is the cheap check (manifest present, file sizes match); checksums are
+    verified by ``find_resume_checkpoint`` and ``load_checkpoint``.
+    """
+    out = []
+    for p in _step_dirs(Path(run_dir) / CHECKPOINTS):
+        try:
+            verify_checkpoint(p, checksums=False)
+            out.append(p)
+        except CheckpointError:
+            pass
+    return out
+
+
+def find_resume_checkpoint(run_dir) -> Path | None:
+    """The checkpoint to resume from: ``latest`` if it verifies, else the newest that verifies.
+
+    Each partial or corrupt checkpoint is skipped with a ``CheckpointWarning`` naming it.
+    Returns None only when there are no checkpoint directories at all (temp dirs of crashed
+    saves do not count); if some exist but none verifies, raises ``CheckpointError``.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    dirs = _step_dirs(root)
+    latest = _read_latest(root)
+    if latest is not None and not (root / latest).is_dir():
+        warnings.warn(f"{root / LATEST} names {latest}, which does not exist; "
+                      "falling back to the newest complete checkpoint", CheckpointWarning, stacklevel=2)
+    if not dirs:
+        return None
+    if latest is not None and root / latest in dirs:
+        dirs.remove(root / latest)
+        dirs.insert(0, root / latest)
+    problems = []
+    for p in dirs:
+        try:
+            verify_checkpoint(p)
+            return p
+        except CheckpointError as e:
+            warnings.warn(f"skipping checkpoint {p}: {e}", CheckpointWarning, stacklevel=2)
+            problems.append(str(e))
+    raise CheckpointError(f"found {len(dirs)} checkpoints in {root} but none is complete: " + "; ".join(problems))
+
+
+def resolve_resume(run_dir, resume: str | None) -> Path | None:
+    """Turn a ``resume`` setting into a checkpoint path (or None to start fresh).
+
+    ``"auto"``: ``find_resume_checkpoint(run_dir)``. ``"none"``, ``""`` or None: start fresh.
+    Anything else is the path of a checkpoint directory, which must verify.
+    """
+    key = "" if resume is None else str(resume).strip()
+    if key.lower() == "auto":
+        return find_resume_checkpoint(run_dir)
+    if key.lower() in ("", "none"):
+        return None
+    path = Path(key).expanduser()
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as e:
+        hint = (f" ({path} looks like a run directory; use resume=auto with run_dir={path})"
+                if (path / CHECKPOINTS).is_dir() else "")
+        raise CheckpointError(f"resume={resume!r}: {e}{hint}") from e
+    return path
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def load_checkpoint(path, *, model: torch.nn.Module, optimizer=None, scheduler=None,
+                    restore_rng: bool = True) -> dict:
+    """Verify ``path`` and load it into ``model`` (and ``optimizer``/``scheduler`` if given).
+
+    Returns the trainer_state dict. Restores the RNG states unless ``restore_rng`` is False.
+    The config text is at ``path / "config.yaml"``. Raises ``CheckpointError`` naming the
+    directory on any problem (missing files, checksum mismatch, keys that do not fit).
+    """
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    files = manifest["files"]
+    for wanted, name in ((optimizer, OPTIMIZER_FILE), (scheduler, SCHEDULER_FILE)):
+        if wanted is not None and name not in files:
+            raise CheckpointError(f"checkpoint {path} has no {name}, but one was asked to be loaded")
+    try:
+        load_model_state(model, path / MODEL_FILE, trainable_only=manifest.get("trainable_only", False))
+        if optimizer is not None:
+            load_optimizer_state(optimizer, path / OPTIMIZER_FILE)
+        if scheduler is not None:
+            _load_scheduler(scheduler, json.loads((path / SCHEDULER_FILE).read_text(encoding="utf-8")))
+        trainer_state = json.loads((path / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        if restore_rng:
+            restore_rng_state(json.loads((path / RNG_FILE).read_text(encoding="utf-8")))
+    except Exception as e:
+        raise CheckpointError(f"could not load checkpoint {path}: {type(e).__name__}: {e}") from e
+    return trainer_state
