@@ -84,6 +84,9 @@ def test_load_run(runs):
     assert r.skipped_lines == 1
     xs, ys = r.series("reward/mean")
     assert len(xs) == 300 - 300 // 11 and all(math.isfinite(y) for y in ys)
+    r.metrics.append({"step": 301, "reward/mean": 2.0})  # the per-key cache notices new rows
+    assert r.values("reward/mean")[-1] == 2.0
+    r.metrics.pop()
     assert len(r.values("grad_norm")) == 300 - 300 // 7
     # latest 3 completion files, newest first
     assert [c["step"] for c in r.completions] == [50] * 4 + [40] * 4 + [30] * 4
@@ -170,7 +173,16 @@ def test_ema():
         make_report([Run("r", __import__("pathlib").Path("."))], None, smoothing=1.0)
 
 
-def test_cli(runs, tmp_path, capsys):
+def test_decimate_keeps_envelope():
+    xs = list(range(50_000))
+    ys = [math.sin(i / 300) + (5.0 if i == 12_345 else 0.0) for i in xs]
+    dx, dy = report._decimate(xs, ys)
+    assert len(dx) == len(dy) <= 2000 and max(dy) == max(ys) and min(dy) == min(ys)
+    assert report._decimate(xs[:100], ys[:100]) == (xs[:100], ys[:100])
+
+
+def test_cli(tmp_path, capsys):
+    runs = [_write_run(tmp_path, n, steps=40, completion_steps=1) for n in ("c1", "c2")]
     assert main([str(runs[0]), str(runs[1]), "--max-completions", "2"]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed == str(runs[0] / "report.html") and (runs[0] / "report.html").is_file()

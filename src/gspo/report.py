@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 __all__ = ["Run", "Panel", "PANELS", "load_run", "make_report", "add_arguments", "run", "main"]
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
@@ -33,6 +35,8 @@ _MAX_TEXT = 6000  # characters of prompt/completion shown per table cell
 
 def _num(v: Any) -> float | None:
     """A finite float, or None (null, NaN, inf, strings, bools)."""
+    if type(v) is float:  # fast path: nearly every value
+        return v if v - v == 0.0 else None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     v = float(v)
@@ -66,16 +70,17 @@ class Run:
     completions: list[dict] = field(default_factory=list)  # newest step first
     config_text: str | None = None
     skipped_lines: int = 0
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
-        """(steps, values) of ``key`` over the rows where it is a finite number."""
-        xs, ys = [], []
-        for row in self.metrics:
-            v = _num(row.get(key))
-            if v is not None:
-                xs.append(float(row["step"]))
-                ys.append(v)
-        return xs, ys
+        """(steps, values) of ``key`` over the rows where it is a finite number (cached: read-only)."""
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == len(self.metrics):
+            return hit[1]
+        pairs = [(row["step"], v) for row in self.metrics if (v := _num(row.get(key))) is not None]
+        out = ([float(p[0]) for p in pairs], [p[1] for p in pairs])
+        self._cache[key] = (len(self.metrics), out)
+        return out
 
     def values(self, key: str) -> list[float]:
         return self.series(key)[1]
@@ -164,9 +169,7 @@ def _require_matplotlib():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:  # pragma: no cover - exercised via monkeypatch in tests
-        raise ImportError(
-            "gspo report needs matplotlib; install the extra: pip install 'gspo[report]'"
-        ) from e
+        raise ImportError("gspo report needs matplotlib; install the extra: pip install 'gspo[report]'") from e
     return Figure, FigureCanvasAgg
 
 
@@ -178,6 +181,20 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
         norm = weight * norm + (1.0 - weight)
         out.append(acc / norm)
     return out
+
+
+def _buckets(n: int, buckets: int = 1000):
+    return np.linspace(0, n, buckets, endpoint=False).astype(int)
+
+
+def _decimate(xs, ys, buckets: int = 1000):
+    """Shrink a long series to a min/max envelope over ``buckets`` pixel-sized buckets: it
+    looks identical at report resolution and draws much faster."""
+    if len(ys) <= 2 * buckets:
+        return xs, ys
+    starts, y = _buckets(len(ys), buckets), np.asarray(ys, dtype=float)
+    env = np.column_stack([np.minimum.reduceat(y, starts), np.maximum.reduceat(y, starts)])
+    return np.repeat(np.asarray(xs, dtype=float)[starts], 2), env.ravel()
 
 
 def _panel_keys(panel: Panel, runs: Sequence[Run]) -> list[tuple[str, str]]:
@@ -207,17 +224,20 @@ def _plot_panel(panel: Panel, runs: Sequence[Run], smoothing: float) -> bytes | 
         if panel.markers or len(xs) == 1:
             ax.plot(xs, ys, marker="o", markersize=3.5, label=label, **style)
         elif smoothing > 0:
-            ax.plot(xs, ys, color=colors[ri], linestyle=style["linestyle"], linewidth=0.8, alpha=0.25)
-            ax.plot(xs, ema(ys, smoothing), label=label, **style)
+            ax.plot(*_decimate(xs, ys), color=colors[ri], linestyle=style["linestyle"], linewidth=0.8, alpha=0.25)
+            ax.plot(*_decimate(xs, ema(ys, smoothing)), label=label, **style)
         else:
-            ax.plot(xs, ys, label=label, **style)
+            ax.plot(*_decimate(xs, ys), label=label, **style)
     if panel.band is not None:
         lo_k, hi_k = panel.band
         for ri, r in enumerate(runs):
-            rows = [(row["step"], _num(row.get(lo_k)), _num(row.get(hi_k))) for row in r.metrics]
-            rows = [t for t in rows if t[1] is not None and t[2] is not None]
+            rows = [(row["step"], lo, hi) for row in r.metrics
+                    if (lo := _num(row.get(lo_k))) is not None and (hi := _num(row.get(hi_k))) is not None]
             if rows:
-                xs, lo, hi = zip(*rows)
+                xs, lo, hi = (np.asarray(c, dtype=float) for c in zip(*rows))
+                if len(xs) > 2000:
+                    st = _buckets(len(xs))
+                    xs, lo, hi = xs[st], np.minimum.reduceat(lo, st), np.maximum.reduceat(hi, st)
                 ax.fill_between(xs, lo, hi, color=colors[ri], alpha=0.18, linewidth=0)
     if panel.auto_log:
         ys_all = [y for d in data for y in d[4]]
@@ -226,9 +246,9 @@ def _plot_panel(panel: Panel, runs: Sequence[Run], smoothing: float) -> bytes | 
     ax.set_title(panel.title, fontsize=11)
     ax.set_xlabel("step")
     ax.grid(True, alpha=0.3)
-    if len(data) > 1 or len(runs) > 1:
-        ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
+    if len(data) > 1 or len(runs) > 1:  # loc="best" scans every point: too slow for long runs
+        ax.legend(fontsize=8, loc="best" if sum(len(d[3]) for d in data) < 5000 else "upper left")
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.14, top=0.91)  # fixed: tight_layout costs a draw
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -238,12 +258,9 @@ def _plot_panel(panel: Panel, runs: Sequence[Run], smoothing: float) -> bytes | 
 
 
 def _fmt(v: Any) -> str:
-    v = _num(v)
-    if v is None:
+    if (v := _num(v)) is None:
         return "—"
-    if v == int(v) and abs(v) < 1e15:
-        return f"{int(v):,}"
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return f"{int(v):,}" if v == int(v) and abs(v) < 1e15 else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -424,7 +441,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        path = make_report(args.run_dirs, args.out, max_completions=args.max_completions, smoothing=args.smooth)
+        path = make_report(args.run_dirs, getattr(args, "out", None),
+                           max_completions=getattr(args, "max_completions", 50), smoothing=getattr(args, "smooth", 0.0))
     except (ValueError, ImportError, OSError) as e:
         print(f"gspo report: error: {e}", file=sys.stderr)
         return 1
@@ -435,4 +453,4 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = add_arguments(argparse.ArgumentParser(
         prog="gspo report", description="Plot one or more gspo runs into a self-contained HTML report."))
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(None if argv is None else [str(a) for a in argv]))
