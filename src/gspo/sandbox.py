@@ -1,0 +1,465 @@
+"""The built-in `code_tests` reward: run a completion's Python against test cases.
+
+CONTAINMENT, NOT A SECURITY SANDBOX (see docs/code_execution.md). Model-written code runs only
+when the caller passes `allow_code_execution=True` (config: `rewards.allow_code_execution=true`).
+
+Each program runs in a fresh interpreter started through a small bootstrap that, where the OS
+allows it, unshares network/mount/PID namespaces, makes every mount read-only except a private
+tmpfs working directory, drops root to uid 65534, and sets rlimits (CPU, address space, file
+size, process count, open files, no core files) before exec. Whatever it could not do is
+logged. A wall-clock deadline kills the whole process group (and with it the PID namespace).
+
+Test format (`tests` column, one element per completion):
+  * a str: Python statements (usually asserts) run after the code; one case, scored 1 or 0;
+  * a list of str: one case each, score = fraction of cases that pass;
+  * None or []: the sample is not scored (None).
+Cases run in order in the program's namespace, as if appended to the code. A crash, timeout or
+resource kill scores 0.0 (never None); the reason is counted (see `last_reasons()`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+REASONS = ("passed", "failed", "syntax_error", "error", "timeout", "memory", "file_size", "killed")
+ENABLE_HINT = ("the code_tests reward runs model-written code; it is off unless you opt in: set "
+               "rewards.allow_code_execution=true (or pass allow_code_execution=True). It is a "
+               "containment, not a security sandbox: see docs/code_execution.md")
+
+
+class CodeExecutionDisabled(PermissionError):
+    """Raised when code would run without `allow_code_execution=True`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeLimits:
+    timeout_s: float = 5.0        # wall-clock deadline for one program (startup included)
+    memory_mb: int = 512          # RLIMIT_AS (virtual address space)
+    max_file_mb: int = 8          # RLIMIT_FSIZE: largest file written; also caps captured output
+    max_procs: int = 32           # RLIMIT_NPROC: processes + threads of the sandbox user
+    workdir_mb: int = 64          # size of the tmpfs working directory (with a mount namespace)
+    max_open_files: int = 256     # RLIMIT_NOFILE
+    max_output_chars: int = 2000  # stdout/stderr kept in CodeResult.detail
+    python: str | None = None     # interpreter for the program (default: sys.executable)
+    sandbox_uid: int = 65534      # uid the program runs as when we are root ("nobody")
+    namespaces: bool = True       # try network/mount/PID (and user) namespaces
+
+    def __post_init__(self):
+        for f in ("timeout_s", "memory_mb", "max_file_mb", "max_procs", "workdir_mb", "max_open_files"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"CodeLimits.{f} must be > 0, got {getattr(self, f)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeResult:
+    score: float                  # fraction of cases passed; 0.0 on any contained failure
+    reason: str                   # one of REASONS
+    detail: str = ""              # short message plus truncated stdout/stderr
+    cases: tuple = ()             # per-case status: passed | failed | memory | file_size | error:<Type>
+    features: dict = dataclasses.field(default_factory=dict)  # containment that was in force
+
+
+# The bootstrap runs as the caller (maybe root), sets up containment, then execs the harness.
+_BOOT = r'''
+import ctypes, json, os, re, resource as R, signal, sys
+C = json.loads(sys.argv[1]); WD = C["wd"]; L = C["lim"]
+libc = ctypes.CDLL(None, use_errno=True)
+N = {"errors": []}
+ROOT = os.geteuid() == 0
+UID, GID = (C["uid"], C["uid"]) if ROOT else (os.getuid(), os.getgid())
+NEWNS, NEWNET, NEWPID, NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
+RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+KEEP = {"nosuid": NOSUID, "nodev": NODEV, "noexec": NOEXEC, "noatime": 1024, "nodiratime": 2048,
+        "relatime": 1 << 21, "strictatime": 1 << 24}
+def enc(s): return None if s is None else s.encode()
+def mount(src, dst, fs, flags, data=None):
+    if libc.mount(enc(src), enc(dst), enc(fs), ctypes.c_ulong(flags), enc(data)) != 0:
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e), dst)
+def unshare(f): return libc.unshare(ctypes.c_int(f)) == 0
+def put(path, text):
+    with open(path, "w") as f: f.write(text)
+def blocked(p):  # first directory on the way to p that UID cannot enter (mode bits only)
+    d = "/"
+    for part in [x for x in os.path.realpath(p).split("/") if x]:
+        d = os.path.join(d, part)
+        try: st = os.stat(d)
+        except OSError: return d
+        bit = 0o100 if st.st_uid == UID else 0o010 if st.st_gid == GID else 0o001
+        if not st.st_mode & bit: return d
+    return None
+want = (NEWNS | NEWNET | NEWPID | (0 if ROOT else NEWUSER)) if C["namespaces"] else 0
+got = want if want and unshare(want) else 0
+if not got and ROOT and want:
+    for f in (NEWNS, NEWNET, NEWPID): got |= f if unshare(f) else 0
+N.update(netns=bool(got & NEWNET), mountns=bool(got & NEWNS), pidns=bool(got & NEWPID),
+         userns=bool(got & NEWUSER), tmpfs=False, readonly=False, uid=None, nproc=False)
+if got & NEWUSER:
+    put("/proc/self/setgroups", "deny"); put("/proc/self/uid_map", f"{UID} {UID} 1"); put("/proc/self/gid_map", f"{GID} {GID} 1")
+if got & NEWNS:
+    try:
+        mount(None, "/", None, REC | PRIVATE)
+        files = {n: open(os.path.join(WD, n), "rb").read() for n in os.listdir(WD)}
+        try:
+            mount("gspo", WD, "tmpfs", NOSUID | NODEV, f"size={C['tmpfs_mb']}m,nr_inodes=4096,mode=700,uid={UID},gid={GID}")
+            for n, b in files.items():
+                with open(os.path.join(WD, n), "wb") as f: f.write(b)
+            N["tmpfs"] = True
+        except OSError as e:
+            N["errors"].append(f"tmpfs workdir: {e}"); mount(WD, WD, None, BIND)  # a mount of its own stays writable
+        try:  # let UID reach the interpreter: cover a dir it cannot enter (e.g. /root) with a tmpfs holding only it
+            need = [(os.path.realpath(p), blocked(p)) for p in C["need"]] if ROOT else []
+            need = [(p, a) for p, a in need if a and a != p and not WD.startswith(a + "/")]
+            for i, (p, a) in enumerate(need):
+                os.mkdir(os.path.join(C["outer"], f"s{i}")); mount(p, os.path.join(C["outer"], f"s{i}"), None, BIND | REC)
+            for a in sorted({a for _, a in need}, key=len):
+                if os.path.isdir(a) and blocked(a) == a: mount("gspo", a, "tmpfs", NOSUID | NODEV, "size=64k,mode=755")
+            for i, (p, a) in enumerate(need):
+                os.makedirs(p, 0o755, exist_ok=True); mount(os.path.join(C["outer"], f"s{i}"), p, None, BIND | REC)
+        except OSError as e:
+            N["errors"].append(f"exposing the interpreter: {e}")
+        bad = []
+        for line in open("/proc/self/mountinfo").read().splitlines():
+            f = line.split(); mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4])
+            if mp == WD or mp == "/proc" or mp.startswith("/proc/"): continue
+            try: mount(None, mp, None, REMOUNT | BIND | RDONLY | sum(v for k, v in KEEP.items() if k in f[5].split(",")))
+            except OSError: bad.append(mp)
+        N["readonly"] = not bad
+        if bad: N["errors"].append("could not make read-only: " + " ".join(bad[:5]))
+    except OSError as e:
+        N["errors"].append(f"mount setup: {e}")
+DROP = ROOT and not [p for p in C["need"] if blocked(p)]
+def fail(msg): os.write(C["info_fd"], ("FAIL " + msg + "\n").encode()); os._exit(71)
+def status(st):
+    c = os.waitstatus_to_exitcode(st); return 128 - c if c < 0 else c
+def child(w, r):
+    nproc = L["nproc"] + ((2 if got & NEWPID else 1) if got & NEWUSER else 0)  # + bootstrap, init
+    if not ROOT and not got & NEWUSER:  # count is per real uid: allow what this user already runs
+        for p in [p for p in os.listdir("/proc") if p.isdigit()]:
+            try: s = open(f"/proc/{p}/status").read()
+            except OSError: continue
+            if re.search(r"^Uid:\s+%d\s" % UID, s, re.M): nproc += int(re.search(r"^Threads:\s+(\d+)", s, re.M).group(1))
+    for k, v in (("CPU", (L["cpu"], L["cpu"] + 1)), ("AS", (L["as"],) * 2), ("FSIZE", (L["fsize"],) * 2),
+                 ("NPROC", (nproc,) * 2), ("NOFILE", (L["nofile"],) * 2), ("CORE", (0, 0))):
+        try: R.setrlimit(getattr(R, "RLIMIT_" + k), v)
+        except (ValueError, OSError) as e: N["errors"].append(f"RLIMIT_{k}: {e}")
+    os.chdir(WD)
+    if ROOT and not DROP:
+        fail(f"refusing to run model code as root: {C['python']} (or its prefix) is not reachable by uid {UID} "
+             f"and cannot be exposed without a mount namespace ({'; '.join(N['errors']) or 'namespaces off or not permitted'}). "
+             "Use CodeLimits(python=...) with an interpreter every user can run, or train as a non-root user")
+    if DROP and C["userns_ok"] and unshare(NEWUSER):  # own user namespace: a per-run process count
+        os.write(w, b"u")
+        if os.read(r, 1) != b"k": fail("could not write the uid map of the sandbox user namespace")
+        N["userns"] = True
+    else:
+        os.write(w, b"-")
+    if DROP:
+        os.setgroups([]); os.setresgid(GID, GID, GID); os.setresuid(UID, UID, UID)
+    N["uid"] = os.getuid(); N["nproc"] = N["uid"] != 0
+    os.write(C["info_fd"], (json.dumps(N) + "\n").encode()); os.set_inheritable(C["info_fd"], False)
+    try: os.execve(C["python"], [C["python"], "-I", "-B", "_harness.py"], C["env"])
+    except OSError as e: fail(f"cannot start {C['python']}: {e}")
+def supervise(userns_ok):
+    C["userns_ok"] = userns_ok
+    r1, w1 = os.pipe(); r2, w2 = os.pipe()
+    b = os.fork()
+    if b == 0: os.close(r1); os.close(w2); child(w1, r2)
+    os.close(w1); os.close(r2)
+    # the wall deadline also holds if our parent dies: kill the group (and so the PID namespace)
+    signal.signal(signal.SIGALRM, lambda *a: os.killpg(0, signal.SIGKILL)); signal.alarm(C["alarm"])
+    if os.read(r1, 1) == b"u":
+        try: put(f"/proc/{b}/uid_map", f"{UID} {UID} 1"); put(f"/proc/{b}/gid_map", f"{GID} {GID} 1"); os.write(w2, b"k")
+        except OSError: os.write(w2, b"x")
+    while True:
+        try: p, st = os.wait()
+        except ChildProcessError: os._exit(70)
+        if p == b: os._exit(status(st))
+if got & NEWPID:
+    a = os.fork()
+    if a: os._exit(status(os.waitpid(a, 0)[1]))
+    proc_ok = False
+    if got & NEWNS:
+        try: mount("proc", "/proc", "proc", NOSUID | NODEV | NOEXEC); proc_ok = True
+        except OSError as e: N["errors"].append(f"mount /proc: {e}")
+    supervise(proc_ok)
+supervise(bool(C["namespaces"]))
+'''
+
+# The harness runs as the sandboxed program: the code, then each case, then one report line
+# on a saved copy of stdout, prefixed by a nonce the code never sees in its source.
+_HARNESS = r'''
+import json, os, sys
+def _status(e):
+    if isinstance(e, AssertionError): return "failed"
+    if isinstance(e, MemoryError): return "memory"
+    if isinstance(e, OSError) and e.errno == 27: return "file_size"
+    if isinstance(e, SyntaxError): return "syntax_error"
+    return "error:" + type(e).__name__
+def _main(write=os.write, getpid=os.getpid, exit=os._exit):
+    nonce = b""
+    while not nonce.endswith(b"\n"):
+        chunk = os.read(0, 64)
+        if not chunk: break
+        nonce += chunk
+    fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
+    out, pid = os.dup(1), getpid()
+    with open("solution.py", encoding="utf-8", errors="replace") as f: src = f.read()
+    with open("tests.json", encoding="utf-8") as f: cases = json.load(f)
+    g = {"__name__": "__main__", "__builtins__": __builtins__}
+    rep = {"setup": None, "cases": [], "msg": ""}
+    def run(text, name):
+        st = None
+        try: exec(compile(text, name, "exec"), g)
+        except BaseException as e:
+            if getpid() != pid: exit(1)
+            st = _status(e)
+            try:
+                if not rep["msg"]: rep["msg"] = (f"{name}: {type(e).__name__}: {e}")[:300]
+            except BaseException: rep["msg"] = name + ": " + st
+        if getpid() != pid: exit(0)  # a forked copy of the program must not report
+        return st
+    rep["setup"] = run(src, "solution.py")
+    if rep["setup"] is None:
+        for i, case in enumerate(cases): rep["cases"].append(run(case, f"test_{i}") or "passed")
+    for s in (sys.stdout, sys.stderr):
+        try: s.flush()
+        except BaseException: pass
+    write(out, nonce.strip() + b" " + json.dumps(rep).encode() + b"\n")
+    exit(0)
+_main()
+'''
+
+_FEATURES: dict = {}
+_LAST_REASONS: collections.Counter = collections.Counter()
+_LOCK = threading.Lock()
+
+
+class SandboxError(RuntimeError):
+    """The containment could not be set up (not the program's fault): raised, never scored."""
+
+
+def _tail(data: bytes, n: int) -> str:
+    text = data.decode("utf-8", "replace")
+    return text if len(text) <= n else f"[... {len(text) - n} chars cut]\n" + text[-n:]
+
+
+def _note_features(features: dict) -> None:
+    """Log the containment in force the first time it is seen, and whenever it changes."""
+    global _FEATURES
+    with _LOCK:
+        if features == _FEATURES:
+            return
+        _FEATURES = dict(features)
+    missing = [k for k in ("netns", "mountns", "pidns", "tmpfs", "readonly", "nproc") if not features.get(k)]
+    shown = {k: v for k, v in features.items() if k != "errors"}
+    if missing:
+        log.warning("code sandbox: %s; NOT in force here: %s. %s", shown, ", ".join(missing), "; ".join(features["errors"]))
+    else:
+        log.info("code sandbox: %s", shown)
+
+
+def _needed_paths(python: str) -> list[str]:
+    paths = {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        paths |= {sys.prefix, sys.base_prefix}
+    return sorted(os.path.realpath(p) for p in paths)
+
+
+def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | None = None) -> CodeResult:
+    """Run `code`, then each test case, in a contained child process (see the module doc).
+
+    Raises SandboxError when the containment itself cannot start; the program's own failures
+    (crash, timeout, limits) come back as a CodeResult with score 0.0."""
+    lim = limits or CodeLimits()
+    cases = [tests] if isinstance(tests, str) else [str(t) for t in tests]
+    if not cases:
+        raise ValueError("run_code_tests needs at least one test case")
+    python = lim.python or sys.executable
+    outer = tempfile.mkdtemp(prefix="gspo-code-")
+    try:
+        os.chmod(outer, 0o711)
+        wd = os.path.join(outer, "work")
+        os.mkdir(wd, 0o700)
+        for name, text in (("solution.py", code), ("tests.json", json.dumps(cases)), ("_harness.py", _HARNESS)):
+            with open(os.path.join(wd, name), "w", encoding="utf-8", errors="replace") as f:
+                f.write(text)
+        if os.geteuid() == 0:
+            os.chown(wd, lim.sandbox_uid, lim.sandbox_uid)
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": wd, "TMPDIR": wd, "LANG": "C.UTF-8",
+               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        nonce = secrets.token_hex(16)
+        files = [open(os.path.join(outer, n), "w+b") for n in ("stdout", "stderr", "info")]
+        try:
+            out, err, info = files
+            cfg = {"wd": wd, "outer": outer, "uid": lim.sandbox_uid, "python": python, "env": env,
+                   "need": _needed_paths(python), "namespaces": lim.namespaces, "tmpfs_mb": lim.workdir_mb,
+                   "info_fd": info.fileno(), "alarm": math.ceil(lim.timeout_s) + 2,
+                   "lim": {"cpu": math.ceil(lim.timeout_s), "as": lim.memory_mb << 20, "fsize": lim.max_file_mb << 20,
+                           "nproc": lim.max_procs, "nofile": lim.max_open_files}}
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(cfg)], stdin=subprocess.PIPE,
+                                    stdout=out, stderr=err, cwd=outer, env=env, start_new_session=True,
+                                    pass_fds=(info.fileno(),))
+            timed_out = False
+            try:
+                try:
+                    proc.stdin.write(nonce.encode() + b"\n")
+                    proc.stdin.close()
+                except OSError:
+                    pass
+                proc.wait(timeout=lim.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # stragglers; the PID namespace dies with its init
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+            stdout, stderr, status = (f.seek(0) or f.read() for f in files)
+        finally:
+            for f in files:
+                f.close()
+    finally:
+        shutil.rmtree(outer, ignore_errors=True)
+    status = status.decode("utf-8", "replace").splitlines()
+    if status[-1:] and status[-1].startswith("FAIL "):
+        raise SandboxError("code sandbox: " + status[-1][5:])
+    if not status:
+        raise SandboxError(f"code sandbox: the bootstrap failed (exit {proc.returncode}):\n{_tail(stderr, 2000)}")
+    features = json.loads(status[0])
+    _note_features(features)
+    return _classify(proc.returncode, timed_out, stdout, stderr, nonce, len(cases), lim, features)
+
+
+def _classify(rc, timed_out, stdout, stderr, nonce, n, lim, features) -> CodeResult:
+    report = None
+    at = stdout.rfind(nonce.encode() + b" ")
+    if at >= 0:
+        line = stdout[at:].split(b"\n", 1)[0]
+        try:
+            report = json.loads(line[len(nonce) + 1 :])
+        except ValueError:
+            pass
+        stdout = stdout[:at] + stdout[at + len(line) + 1 :]
+    m = lim.max_output_chars
+    output = f"\n--- stdout ---\n{_tail(stdout, m)}" if stdout.strip() else ""
+    output += f"\n--- stderr ---\n{_tail(stderr, m)}" if stderr.strip() else ""
+
+    def result(score, reason, msg, cases=()):
+        return CodeResult(score, reason, msg + output, tuple(cases), features)
+
+    if report is not None:
+        if report["setup"]:
+            reason = report["setup"] if report["setup"] in REASONS else "error"
+            return result(0.0, reason, f"code did not run: {report['msg']}")
+        cases = report["cases"]
+        passed = sum(c == "passed" for c in cases)
+        bad = {c for c in cases if c != "passed"}
+        reason = ("passed" if not bad else "memory" if "memory" in bad else "file_size" if "file_size" in bad
+                  else "failed" if bad == {"failed"} else "error")
+        return result(passed / n, reason, f"{passed}/{n} cases passed. {report['msg']}".strip(), cases)
+    sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
+    if timed_out:
+        return result(0.0, "timeout", f"killed at the {lim.timeout_s:g}s deadline")
+    if sig == signal.SIGXCPU:
+        return result(0.0, "timeout", "CPU time limit hit (SIGXCPU)")
+    if sig == signal.SIGXFSZ or max(len(stdout), len(stderr)) >= lim.max_file_mb << 20:
+        return result(0.0, "file_size", "file size limit hit (RLIMIT_FSIZE; output counts)")
+    if b"MemoryError" in stderr:
+        return result(0.0, "memory", "out of memory")
+    if sig:
+        return result(0.0, "killed", f"killed by signal {sig}")
+    return result(0.0, "error", f"exited with code {rc} before reporting its test results")
+
+
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def extract_code(text: str) -> str:
+    """The last ```python (or ```py) block; else the last unlabeled ``` block; else all of `text`."""
+    blocks = _FENCE.findall(text)
+    for wanted in (("python", "py", "python3"), ("",)):
+        found = [body for lang, body in blocks if lang.lower() in wanted]
+        if found:
+            return found[-1]
+    return text
+
+
+def _completion_text(completion: Any) -> str:  # a str, or TRL's conversational [{"role", "content"}]
+    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    if isinstance(completion, str):
+        return completion
+    raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
+
+
+def last_reasons() -> dict[str, int]:
+    """Reason counts from the last `code_tests_reward` call in this process."""
+    with _LOCK:
+        return dict(_LAST_REASONS)
+
+
+def sandbox_features(limits: CodeLimits | None = None) -> dict:
+    """The containment in force here (runs one trivial program the first time)."""
+    if not _FEATURES:
+        run_code_tests("", "pass", limits)
+    with _LOCK:
+        return dict(_FEATURES)
+
+
+Executor = Callable[[str, Sequence[str], CodeLimits], CodeResult]
+
+
+def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequence | None = None,
+                      allow_code_execution: bool = False, timeout_s: float = 5.0, memory_mb: int = 512,
+                      max_file_mb: int = 8, max_procs: int = 32, max_workers: int | None = None,
+                      executor: Executor | None = None, **columns) -> list[float | None]:
+    """Score each completion's code by the fraction of its test cases that pass (see module doc).
+
+    `executor(code, cases, limits) -> CodeResult` replaces the built-in local runner (e.g. to
+    call a container or a remote sandbox service). Runs `max_workers` programs at a time
+    (default: the CPU count, at most 8)."""
+    if allow_code_execution is not True:
+        raise CodeExecutionDisabled(ENABLE_HINT)
+    if tests is None:
+        raise ValueError("code_tests needs a `tests` dataset column: per row, a string of assert statements "
+                         "or a list of such strings")
+    if len(tests) != len(completions):
+        raise ValueError(f"code_tests: {len(tests)} tests for {len(completions)} completions")
+    limits = CodeLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb, max_procs=max_procs)
+    run = executor or run_code_tests
+    jobs = []
+    for i, (completion, t) in enumerate(zip(completions, tests)):
+        t = t.tolist() if hasattr(t, "tolist") else t  # numpy/arrow rows
+        if not isinstance(t, (str, list, tuple, type(None))):
+            raise TypeError(f"code_tests: tests for sample {i} must be a str or a list of str, got {type(t).__name__}")
+        if t:  # None or [] -> not scored
+            jobs.append((i, extract_code(_completion_text(completion)), [t] if isinstance(t, str) else [str(c) for c in t]))
+    scores: list[float | None] = [None] * len(completions)
+    reasons: collections.Counter = collections.Counter()
+    with ThreadPoolExecutor(max(1, min(len(jobs), max_workers or min(8, os.cpu_count() or 1)))) as pool:
+        for (i, _, _), result in zip(jobs, list(pool.map(lambda job: run(job[1], job[2], limits), jobs))):
+            scores[i] = float(result.score)
+            reasons[result.reason] += 1
+    with _LOCK:
+        _LAST_REASONS.clear()
+        _LAST_REASONS.update(reasons)
+    log.info("code_tests: %d programs run: %s", sum(reasons.values()), dict(reasons))
+    return scores

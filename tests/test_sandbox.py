@@ -1,0 +1,234 @@
+"""The code_tests reward and its containment. Every hostile program here runs only after the
+fixture has checked which limits are in force; the fork bomb runs only with an enforced
+process limit and a 2 s deadline."""
+
+import concurrent.futures
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gspo import sandbox
+from gspo.sandbox import (CodeExecutionDisabled, CodeLimits, CodeResult, SandboxError, code_tests_reward,
+                          extract_code, last_reasons, run_code_tests)
+
+FAST = CodeLimits(timeout_s=2.0, memory_mb=256, max_file_mb=1)
+
+
+NEWNS, NEWNET, NEWPID, NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
+
+
+def _can_unshare(flag):
+    """Whether this OS lets us create the namespace at all (probed without the sandbox code)."""
+    flag |= 0 if os.geteuid() == 0 else NEWUSER
+    probe = f"import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare({flag}) != 0)"
+    return subprocess.run([sys.executable, "-c", probe]).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def features():
+    found = sandbox.sandbox_features(FAST)
+    # where the OS allows a namespace, the sandbox must have used it (a skip must not hide a bug)
+    for key, flag in (("netns", NEWNET), ("mountns", NEWNS), ("pidns", NEWPID), ("readonly", NEWNS)):
+        if _can_unshare(flag):
+            assert found[key], (key, found)
+    return found
+
+
+def _reward(completions, tests, **kw):
+    return code_tests_reward([""] * len(completions), completions, tests=tests, allow_code_execution=True,
+                             timeout_s=kw.pop("timeout_s", 2.0), memory_mb=256, max_file_mb=1, **kw)
+
+
+def test_disabled_by_default_and_needs_exactly_true():
+    for flag in ({}, {"allow_code_execution": False}, {"allow_code_execution": "true"}, {"allow_code_execution": 1}):
+        with pytest.raises(CodeExecutionDisabled, match=r"rewards\.allow_code_execution=true"):
+            code_tests_reward(["p"], ["def f(): return 1"], tests=["assert f() == 1"], **flag)
+    assert issubclass(CodeExecutionDisabled, PermissionError)
+
+
+def test_scores_and_formats():
+    good = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    wrong = "```python\ndef add(a, b):\n    return a - b\n```"
+    chat = [{"role": "assistant", "content": good}]
+    scores = _reward(
+        [good, wrong, good, "def add(a, b): return a * b", chat, good],
+        ["assert add(1, 2) == 3",
+         "assert add(1, 2) == 3",
+         ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
+         ["assert add(2, 2) == 4", "assert add(1, 2) == 3"],
+         ["assert add(1, 1) == 2"],
+         None])
+    assert scores == [1.0, 0.0, 0.75, 0.5, 1.0, None]
+    assert last_reasons() == {"passed": 2, "failed": 3}
+
+
+def test_extract_code():
+    assert extract_code("x = 1") == "x = 1"
+    assert extract_code("a\n```python\nx = 1\n```\nb\n```py\nx = 2\n```\n") == "x = 2\n"
+    assert extract_code("```\ny = 3\n```") == "y = 3\n"
+    assert extract_code("```text\nnot code\n```\n```python\nz = 4\n```") == "z = 4\n"
+    assert extract_code("```python\nunclosed = 5\n") == "unclosed = 5\n"
+
+
+def test_exit_tricks_do_not_pass():
+    scores = _reward(["import sys\nsys.exit(0)", "import os\nos._exit(0)", "def f(:", "raise ValueError('x')"],
+                     ["assert False"] * 4)
+    assert scores == [0.0, 0.0, 0.0, 0.0]
+    assert last_reasons() == {"error": 3, "syntax_error": 1}
+
+
+def test_custom_executor_and_reasons():
+    seen = []
+
+    def executor(code, cases, limits):
+        seen.append((code, list(cases), limits.timeout_s))
+        return CodeResult(0.25, "failed")
+
+    scores = code_tests_reward(["p"], ["```python\nx = 1\n```"], tests=[["assert x"]], allow_code_execution=True,
+                               timeout_s=3.0, executor=executor)
+    assert scores == [0.25] and seen == [("x = 1\n", ["assert x"], 3.0)]
+    with pytest.raises(ValueError, match="tests"):
+        code_tests_reward(["p"], ["x"], allow_code_execution=True)
+
+
+def test_program_never_runs_as_root_seen_from_outside(features):
+    for key in ("netns", "mountns", "pidns", "tmpfs", "readonly", "nproc", "uid"):
+        assert key in features
+    # the program renames itself; `ps` here shows the uid the kernel really gives it
+    tag = "g" + secrets.token_hex(6)
+    code = f"import time\nopen('/proc/self/comm', 'w').write({tag!r})\ntime.sleep(1.0)"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_code_tests, code, "pass", FAST)
+        uids = []
+        while not uids and not future.done():
+            ps = subprocess.run(["ps", "-eo", "uid=,comm="], capture_output=True, text=True).stdout.split("\n")
+            uids = [int(line.split()[0]) for line in ps if line.split()[1:] == [tag]]
+            time.sleep(0.05)
+        assert future.result().score == 1.0
+    assert uids, "the program was not seen running"
+    assert uids[0] == (features["uid"] if os.geteuid() == 0 else os.geteuid())
+    assert uids[0] != 0, "model code must never run as root"
+
+
+def test_never_runs_as_root_without_namespaces():
+    limits = CodeLimits(timeout_s=2.0, namespaces=False)
+    try:
+        result = run_code_tests("import os\nprint('uid', os.getuid())", "pass", limits)
+    except SandboxError as e:
+        assert os.geteuid() == 0 and "refusing" in str(e)
+    else:
+        assert result.score == 1.0 and (os.geteuid() != 0) == (result.features["uid"] == os.geteuid())
+        assert "uid 0\n" not in result.detail
+
+
+def test_infinite_loop_hits_deadline():
+    t = time.monotonic()
+    result = run_code_tests("while True: pass", "assert True", CodeLimits(timeout_s=1.0))
+    assert time.monotonic() - t < 4.0
+    assert (result.score, result.reason) == (0.0, "timeout")
+
+
+def test_sleeping_child_in_new_session_is_killed(features):
+    if not features["pidns"]:
+        pytest.skip("no PID namespace here: a child that calls setsid() can outlive the run")
+    tag = secrets.token_hex(6)
+    code = f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60 + 0 * len('{tag}'))\n"
+    assert run_code_tests(code, "pass", FAST).score == 1.0
+    time.sleep(0.2)
+    assert tag not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def _sandbox_user_procs(uid):
+    return [line for line in subprocess.run(["ps", "-o", "pid=", "-u", str(uid)], capture_output=True,
+                                            text=True).stdout.split() if line]
+
+
+def test_process_limit(features):
+    if not features["nproc"]:
+        pytest.skip("process limit not enforced here")
+    code = ("import os, time\nstarted = 0\ntry:\n    for _ in range(40):\n        if os.fork() == 0:\n"
+            "            time.sleep(30)\n            os._exit(0)\n        started += 1\nexcept OSError:\n    pass\n")
+    result = run_code_tests(code, ["assert 3 <= started < 8", "assert started >= 40"], CodeLimits(timeout_s=3.0, max_procs=8))
+    assert result.cases == ("passed", "failed"), result.detail
+
+
+def test_fork_bomb_is_contained(features):
+    if not features["nproc"]:
+        pytest.skip("process limit not enforced here: refusing to run a fork bomb")
+    before = len(_sandbox_user_procs(features["uid"]))
+    t = time.monotonic()
+    for code in ("import os\nwhile True: os.fork()",
+                 "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"):
+        result = run_code_tests(code, "assert True", CodeLimits(timeout_s=2.0, max_procs=16))
+        assert result.score == 0.0 and result.reason in ("error", "timeout")
+        if "try" not in code:  # fork() failed at the limit and the program died of it, well before 2 s
+            assert result.reason == "error" and "BlockingIOError" in result.detail
+    assert time.monotonic() - t < 8.0
+    time.sleep(0.2)
+    assert len(_sandbox_user_procs(features["uid"])) <= before
+
+
+def test_fork_bomb_does_not_starve_neighbours(features):
+    if not (features["nproc"] and (features["userns"] or features["uid"] != 65534)):
+        pytest.skip("process count is shared by all sandbox runs here")
+    bomb = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"
+    good = "import threading\nt = threading.Thread(target=lambda: None); t.start(); t.join()\nok = 1"
+    scores = _reward([bomb, good, good, good], ["assert ok"] * 4, max_workers=4)
+    assert scores == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_memory_hog():
+    for code in ("x = bytearray(10**10)", "x = []\nwhile True:\n    x.append(' ' * 10**6)"):
+        result = run_code_tests(code, "assert True", FAST)
+        assert (result.score, result.reason) == (0.0, "memory"), result.detail
+
+
+def test_file_size_limit():
+    big = "with open('big', 'wb') as f:\n    f.write(b'x' * (5 << 20))"
+    result = run_code_tests(big, "assert True", FAST)
+    assert (result.score, result.reason) == (0.0, "file_size")
+    capped = ("import errno, os\ntry:\n    open('big', 'wb').write(b'x' * (5 << 20))\n"
+              "except OSError as e:\n    assert e.errno == errno.EFBIG\n")
+    assert run_code_tests(capped, "assert os.path.getsize('big') <= 1 << 20", FAST).score == 1.0
+    flood = run_code_tests("print('y' * (3 << 20))", "assert True", FAST)
+    assert (flood.score, flood.reason) == (0.0, "file_size") and len(flood.detail) < 3 * FAST.max_output_chars
+
+
+def test_workdir_is_writable_and_private():
+    code = "open('scratch.txt', 'w').write('hi')\nimport os\nwd = os.getcwd()"
+    assert run_code_tests(code, ["assert open('scratch.txt').read() == 'hi'"], FAST).score == 1.0
+
+
+def test_write_outside_workdir_is_blocked(features):
+    if not features["readonly"]:
+        pytest.skip("no read-only mount namespace here: the program may write where its uid may")
+    targets = [f"/tmp/gspo_escape_{secrets.token_hex(6)}", os.path.join(os.getcwd(), f"gspo_escape_{secrets.token_hex(6)}")]
+    try:
+        for path in targets:
+            result = run_code_tests(f"open({path!r}, 'w').write('x')", "assert True", FAST)
+            assert result.score == 0.0 and "Read-only file system" in result.detail, result.detail
+            assert not os.path.exists(path)
+    finally:
+        for path in targets:
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def test_network_is_unreachable(features):
+    if not features["netns"]:
+        pytest.skip("network namespace not permitted here")  # the fixture checked that it is not
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'hi')"
+        result = run_code_tests(code, "assert True", FAST)
+        assert result.score == 0.0 and result.reason == "error"
+        server.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            server.accept()
