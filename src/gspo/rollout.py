@@ -1,0 +1,325 @@
+"""Sampling G completions per prompt into a typed `Rollout`.
+
+`HFGenerator` samples with transformers' ``generate`` (CPU or GPU) from the very module the
+trainer updates. Next to the tokens it records the sampler's log-probabilities of the
+temperature-scaled, UNFILTERED distribution, log_softmax(raw_logits / T), which is what the
+trainer's `gspo.models.token_logprobs` computes for π_old: top-p / top-k only decide which
+tokens can be drawn, they do not redefine π (GSPO.md, "Pitfalls").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from gspo.models import eos_token_ids as _eos_token_ids
+
+
+@dataclass
+class Rollout:
+    """N = B·G sampled completions, the G completions of each prompt consecutive.
+
+    Token layout: ``input_ids = [prompt_ids | completion_ids]``, prompts left-padded and
+    completions right-padded with the pad id, so every completion starts at column P.
+    Masks are int64 (usable as attention masks; cast for losses).
+    """
+
+    prompt_ids: torch.Tensor  # (N, P) left-padded with the pad id
+    prompt_mask: torch.Tensor  # (N, P) 1 on prompt tokens
+    completion_ids: torch.Tensor  # (N, T) right-padded with the pad id
+    completion_mask: torch.Tensor  # (N, T) 1 on generated tokens up to and including the first EOS
+    sampler_logp: torch.Tensor  # (N, T) float32 log_softmax(raw_logits / T)[token], 0 on pad
+    finish_reason: list[str]  # N × "eos" | "length"
+    group_size: int  # G
+    prompts: list[str]  # N prompt texts, each repeated G times consecutively
+    completions: list[str]  # N decoded completions, special tokens and EOS stripped
+    group_ids: torch.Tensor | None = None  # (N,) long: index of the prompt each row answers
+
+    def __post_init__(self):
+        if self.group_ids is None:
+            n = self.prompt_ids.shape[0]
+            self.group_ids = torch.arange(n, device=self.prompt_ids.device) // self.group_size
+
+    @property
+    def num_samples(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:  # (N, P+T)
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:  # (N, P+T)
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:  # (N,) long, EOS included
+        return self.completion_mask.sum(dim=1)
+
+    def _take(self, rows, p_start: int, t_end: int) -> "Rollout":
+        rows_t = torch.as_tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
+        idx = rows_t.tolist()
+        return dataclasses.replace(
+            self,
+            prompt_ids=self.prompt_ids[rows_t, p_start:],
+            prompt_mask=self.prompt_mask[rows_t, p_start:],
+            completion_ids=self.completion_ids[rows_t, :t_end],
+            completion_mask=self.completion_mask[rows_t, :t_end],
+            sampler_logp=self.sampler_logp[rows_t, :t_end],
+            finish_reason=[self.finish_reason[i] for i in idx],
+            prompts=[self.prompts[i] for i in idx],
+            completions=[self.completions[i] for i in idx],
+            group_ids=self.group_ids[rows_t],
+        )
+
+    def trim(self) -> "Rollout":
+        """Drop leading prompt columns and trailing completion columns that are padding in
+        every row (a trimmed minibatch costs less in the forward pass)."""
+        p_used = self.prompt_mask.bool().any(dim=0).nonzero()
+        p_start = int(p_used[0]) if len(p_used) else self.prompt_mask.shape[1]
+        t_used = self.completion_mask.bool().any(dim=0).nonzero()
+        t_end = int(t_used[-1]) + 1 if len(t_used) else 0
+        return self._take(range(self.num_samples), p_start, t_end)
+
+    def select(self, indices: Sequence[int] | torch.Tensor) -> "Rollout":
+        """The rows `indices` (a minibatch), trimmed. `group_size` and `group_ids` are kept
+        as they were; a selection need not hold whole groups."""
+        sub = self._take(indices, 0, self.completion_ids.shape[1])
+        return sub.trim()
+
+    def to(self, device: torch.device | str) -> "Rollout":
+        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
+                  "sampler_logp", "group_ids")  # fmt: skip
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields})
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """What the training loop needs from a sampler."""
+
+    def generate(self, prompts: list[str], group_size: int) -> Rollout:
+        """Sample `group_size` completions of each prompt; rows of a group are consecutive."""
+        ...
+
+    def sync_weights(self, model) -> None:
+        """Make the sampler use the trainer's current weights (after each update)."""
+        ...
+
+
+class _RawLogprobRecorder:
+    """Logits processor that records log_softmax(raw_logits / T) of each sampled token.
+
+    transformers applies processors built from the generation config first, then custom ones,
+    then the sampling warpers (temperature, top-k, top-p). `HFGenerator` runs generate with a
+    clean generation config, so this processor sees the raw fp32 logits, the same tensor that
+    ``output_logits=True`` would return. Instead of keeping all T steps of (B, V) logits, it
+    keeps one step: the token drawn at step t is read from ``input_ids[:, -1]`` at step t+1.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev_logp: torch.Tensor | None = None  # (B, V)
+        self.picked: list[torch.Tensor] = []  # T × (B,)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev_logp is not None:
+            self._gather(input_ids[:, -1])
+        self.prev_logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _gather(self, tokens: torch.Tensor) -> None:
+        self.picked.append(self.prev_logp.gather(-1, tokens[:, None]).squeeze(-1))
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """Log-probs of all generated tokens, (B, T_gen) float32."""
+        if self.prev_logp is not None:
+            self._gather(last_tokens)
+            self.prev_logp = None
+        if not self.picked:
+            return torch.zeros(last_tokens.shape[0], 0, device=last_tokens.device)
+        return torch.stack(self.picked, dim=1)
+
+
+def _completion_mask(completion_ids: torch.Tensor, eos_ids: torch.Tensor):
+    """(mask, has_eos): mask is 1 on tokens up to and including the first EOS. (B, T) long, (B,)."""
+    is_eos = torch.isin(completion_ids, eos_ids)  # (B, T)
+    eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()  # EOS strictly before each column
+    return (eos_before == 0).long(), is_eos.any(dim=1)
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+class HFGenerator:
+    """Sample with transformers' ``model.generate`` from the trainer's own module.
+
+    - Prompts are tokenized once with ``add_special_tokens=False`` by default: prompts are
+      expected fully rendered (a chat template already writes BOS and role markers; adding
+      them again would double them). Pass ``add_special_tokens=True`` for raw-text prompts to
+      a model that expects the tokenizer's BOS.
+    - Each prompt is repeated `group_size` times consecutively and sampled in chunks of
+      `batch_size` sequences (all at once when None), with torch's global RNG: seeding torch
+      makes a rollout reproducible (for the same batch_size).
+    - generate runs with a fresh generation config holding only temperature, top-p, top-k,
+      max_new_tokens and the special ids, so sampling defaults shipped with a checkpoint
+      (repetition penalty, min-p, …) never act unseen: the behaviour policy is exactly
+      "softmax(logits / T), then top-k/top-p filtering".
+    - `sampler_logp` is log_softmax(raw_logits / temperature) of each sampled token over the
+      full vocabulary (top-k / top-p never renormalise it), 0 on padding. It is recorded by a
+      logits processor rather than ``output_logits=True``, which would hold all T steps of
+      (B, V) fp32 logits; the values are the same (tested).
+    - The model is put in eval mode for sampling and its previous mode is restored.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int = 64,
+        batch_size: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        add_special_tokens: bool = False,
+    ):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (no greedy decoding), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.max_new_tokens = int(max_new_tokens)
+        self.batch_size = batch_size
+        self.add_special_tokens = add_special_tokens
+        ids = list(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(model, tokenizer)
+        if not ids:
+            raise ValueError("no EOS token id: pass eos_token_ids or give the tokenizer one")
+        self.eos_token_ids = [int(i) for i in ids]
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+
+    def sync_weights(self, model) -> None:
+        """No-op: the generator samples from the module the trainer updates in place."""
+
+    def _generation_config(self):
+        from transformers import GenerationConfig
+
+        return GenerationConfig(
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            bos_token_id=getattr(self.tokenizer, "bos_token_id", None),
+            use_cache=True,
+        )
+
+    @torch.no_grad()
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor):
+        """One chunk: (B, P) left-padded prompts → (B, T_gen) completion ids and log-probs."""
+        recorder = _RawLogprobRecorder(self.temperature)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=self._generation_config(),
+            logits_processor=[recorder],
+        )
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        completion = sequences[:, ids.shape[1] :]  # (B, T_gen)
+        logp = recorder.finish(sequences[:, -1])  # (B, T_gen)
+        return completion, logp
+
+
+    def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+        """All N rows in chunks of `batch_size`, the model in eval mode and with a clean
+        generation config (transformers would otherwise fill our unset fields from it)."""
+        from transformers import GenerationConfig
+
+        n = prompt_ids.shape[0]
+        step = self.batch_size or n
+        saved_mode, saved_gc = self.model.training, self.model.generation_config
+        self.model.eval()
+        self.model.generation_config = GenerationConfig()
+        chunks = []
+        try:
+            for start in range(0, n, step):
+                ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
+                first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
+                chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+        finally:
+            self.model.generation_config = saved_gc
+            self.model.train(saved_mode)
+        return chunks
+
+    def generate(self, prompts: list[str], group_size: int) -> Rollout:
+        """Sample `group_size` completions for each prompt (see the class docstring)."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if not prompts:
+            raise ValueError("no prompts to generate from")
+        device = next(self.model.parameters()).device
+        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)
+        for text, ids in zip(prompts, encoded["input_ids"]):
+            if not ids:
+                raise ValueError(f"prompt {text!r} encodes to no tokens")
+        rows = [ids for ids in encoded["input_ids"] for _ in range(group_size)]  # N lists
+        prompt_ids, prompt_mask = _left_pad(rows, self.pad_token_id, device)  # (N, P)
+        chunks = self._sample_all(prompt_ids, prompt_mask)
+
+        n, t = len(rows), max(c.shape[1] for c, _ in chunks)
+        completion_ids = torch.full((n, t), self.pad_token_id, dtype=torch.long, device=device)
+        sampler_logp = torch.zeros((n, t), dtype=torch.float32, device=device)
+        completion_mask = torch.zeros((n, t), dtype=torch.long, device=device)
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        has_eos = torch.zeros(n, dtype=torch.bool, device=device)
+        start = 0
+        for comp, logp in chunks:  # (b, tg) each
+            b, tg = comp.shape
+            m, done = _completion_mask(comp, eos)  # (b, tg), (b,)
+            completion_ids[start : start + b, :tg] = torch.where(m.bool(), comp, self.pad_token_id)
+            sampler_logp[start : start + b, :tg] = torch.where(m.bool(), logp.float(), 0.0)
+            completion_mask[start : start + b, :tg] = m
+            has_eos[start : start + b] = done
+            start += b
+
+        keep = completion_mask.bool() & ~torch.isin(completion_ids, eos)  # text without EOS
+        completions = [
+            self.tokenizer.decode(completion_ids[i][keep[i]].tolist(), skip_special_tokens=True)
+            for i in range(n)
+        ]
+        return Rollout(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            sampler_logp=sampler_logp,
+            finish_reason=["eos" if d else "length" for d in has_eos.tolist()],
+            group_size=group_size,
+            prompts=[p for p in prompts for _ in range(group_size)],
+            completions=completions,
+        )

@@ -1,0 +1,236 @@
+"""gspo.rollout: HFGenerator rollouts (shapes, masks, sampler log-probs) and Rollout slicing."""
+
+import pytest
+import torch
+
+from gspo.models import naive_token_logprobs, token_logprobs
+from gspo.rollout import Generator, HFGenerator, Rollout
+from gspo.tiny import build_char_tokenizer, build_tiny_model
+
+PROMPTS = ["user: 1+2\nassistant: ", "ab", "user: 9*9=\nassistant: "]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    """A tiny Qwen3 whose untied head has a bias towards EOS (p ≈ 0.13 per step), so that with
+    8 new tokens roughly two thirds of completions end by EOS and one third by length."""
+    m = build_tiny_model(tok, seed=0)
+    head = torch.nn.Linear(m.config.hidden_size, len(tok), bias=True)
+    with torch.no_grad():
+        head.weight.copy_(m.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = 2.0
+    m.lm_head = head
+    return m
+
+
+def _generate(model, tok, seed=0, prompts=PROMPTS, group_size=8, **kw):
+    kw.setdefault("max_new_tokens", 8)
+    torch.manual_seed(seed)
+    return HFGenerator(model, tok, **kw).generate(prompts, group_size)
+
+
+def test_shapes_masks_and_finish_reasons(model, tok):
+    r = _generate(model, tok, batch_size=7)  # 24 rows in uneven chunks
+    n, g, eos, pad = 24, 8, tok.eos_token_id, tok.pad_token_id
+    assert isinstance(r, Rollout) and r.num_samples == n and r.group_size == g
+    assert r.completion_ids.shape == r.completion_mask.shape == r.sampler_logp.shape
+    assert r.completion_ids.shape[1] <= 8 and r.sampler_logp.dtype == torch.float32
+    assert r.prompts == [p for p in PROMPTS for _ in range(g)]
+    assert r.group_ids.tolist() == [i // g for i in range(n)]
+    assert set(r.finish_reason) == {"eos", "length"}  # the EOS bias gives both
+
+    # prompts: left-padded, exactly the tokenizer's encoding (no special tokens added)
+    for i in range(n):
+        enc = tok(r.prompts[i], add_special_tokens=False)["input_ids"]
+        assert r.prompt_mask[i].sum() == len(enc)
+        assert r.prompt_ids[i, -len(enc) :].tolist() == enc
+        assert (r.prompt_ids[i, : -len(enc)] == pad).all()
+    assert r.prompt_mask[:, -1].all()
+
+    for i in range(n):
+        m, ids, lp = r.completion_mask[i], r.completion_ids[i], r.sampler_logp[i]
+        k = int(m.sum())
+        assert m[:k].all() and not m[k:].any()  # a prefix of ones
+        assert (ids[k:] == pad).all() and (lp[k:] == 0).all() and (lp[:k] < 0).all()
+        real = ids[:k].tolist()
+        if r.finish_reason[i] == "eos":
+            assert real[-1] == eos and eos not in real[:-1]  # up to and including first EOS
+            assert r.completions[i] == tok.decode(real[:-1], skip_special_tokens=True)
+        else:
+            assert k == 8 and eos not in real
+            assert r.completions[i] == tok.decode(real, skip_special_tokens=True)
+    assert r.completion_lengths.tolist() == r.completion_mask.sum(1).tolist()
+    assert torch.equal(r.input_ids, torch.cat([r.prompt_ids, r.completion_ids], 1))
+    assert torch.equal(r.attention_mask, torch.cat([r.prompt_mask, r.completion_mask], 1))
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_sampler_logp_equals_trainer_logp(tok, moe):
+    """The sampler's log-probs and the trainer's π_old recomputation must agree (GSPO.md)."""
+    m = build_tiny_model(tok, moe=moe, seed=5)
+    r = _generate(m, tok, temperature=0.7, batch_size=5)
+    t = r.completion_ids.shape[1]
+    with torch.no_grad():
+        trainer = token_logprobs(m, r.input_ids, r.attention_mask, t, temperature=0.7, chunk_size=9)
+    torch.testing.assert_close(r.sampler_logp, trainer, rtol=0, atol=1e-5)
+
+
+def test_top_k_top_p_filter_sampling_not_logp(model, tok):
+    """Top-k restricts which tokens are drawn, yet sampler_logp is still the unfiltered
+    log_softmax(logits / T): the sum over a top-2 support would be ~log(1) if renormalised."""
+    temp = 1.3
+    r = _generate(model, tok, temperature=temp, top_k=2, top_p=0.95)
+    t = r.completion_ids.shape[1]
+    with torch.no_grad():
+        unfiltered = naive_token_logprobs(model, r.input_ids, r.attention_mask, t, temperature=temp)
+        logits = model(r.input_ids, attention_mask=r.attention_mask).logits
+    torch.testing.assert_close(r.sampler_logp, unfiltered, rtol=0, atol=1e-5)
+    # every sampled token is one of the two most likely at its step ...
+    step_logits = logits[:, -t - 1 : -1]  # (N, T, V)
+    rank = (step_logits > step_logits.gather(-1, r.completion_ids[..., None])).sum(-1)  # (N, T)
+    assert (rank[r.completion_mask.bool()] < 2).all()
+    # ... and its log-prob is not renormalised over those two (that would be > log(0.5) for one)
+    assert (r.sampler_logp[r.completion_mask.bool()] < -1.0).float().mean() > 0.5
+
+
+def test_recorded_logp_equals_generate_output_logits(model, tok):
+    """The logits processor sees the same raw logits that `output_logits=True` returns."""
+    gen = HFGenerator(model, tok, temperature=0.9, top_k=4, max_new_tokens=6)
+    torch.manual_seed(1)
+    r = gen.generate(["ab", "user: 3\nassistant: "], 2)
+    ids, mask = r.prompt_ids, r.prompt_mask
+    torch.manual_seed(1)
+    model.eval()
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, generation_config=gen._generation_config(),
+        output_logits=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    comp = out.sequences[:, ids.shape[1] :]
+    assert torch.equal(comp.masked_fill(r.completion_mask == 0, 0), r.completion_ids)
+    raw = torch.stack(out.logits, 1).float() / 0.9  # (N, T, V)
+    ref = torch.log_softmax(raw, -1).gather(-1, comp[..., None]).squeeze(-1)
+    torch.testing.assert_close(r.sampler_logp, ref * r.completion_mask, rtol=0, atol=1e-6)
+
+
+def test_seeded_rollouts_are_reproducible(model, tok):
+    a, b = _generate(model, tok, seed=3), _generate(model, tok, seed=3)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.sampler_logp, b.sampler_logp)
+    assert a.completions == b.completions and a.finish_reason == b.finish_reason
+    assert not torch.equal(_generate(model, tok, seed=4).completion_ids, a.completion_ids)
+
+
+def test_checkpoint_sampling_defaults_do_not_leak(model, tok):
+    """Sampling settings stored in the model's generation config (a near-greedy min_p, a
+    repetition penalty) must not act: the rollout equals the one from a clean config."""
+    ref = _generate(model, tok, seed=2)
+    saved = model.generation_config
+    model.generation_config = saved.__class__.from_dict(saved.to_dict())
+    model.generation_config.min_p = 0.9
+    model.generation_config.repetition_penalty = 5.0
+    try:
+        gc = model.generation_config
+        got = _generate(model, tok, seed=2)
+        assert model.generation_config is gc  # restored
+    finally:
+        model.generation_config = saved
+    assert torch.equal(got.completion_ids, ref.completion_ids)
+
+
+def test_eval_mode_during_sampling_then_restored(model, tok):
+    seen = []
+    hook = model.register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
+    model.train()
+    try:
+        _generate(model, tok, prompts=["ab"], group_size=2, max_new_tokens=3)
+    finally:
+        hook.remove()
+    assert seen and not any(seen) and model.training
+    model.eval()
+
+
+def test_protocol_and_validation(model, tok):
+    gen = HFGenerator(model, tok)
+    assert isinstance(gen, Generator)
+    gen.sync_weights(model)  # no-op
+    for bad in ({"temperature": 0.0}, {"top_p": 0.0}, {"top_k": -1}, {"max_new_tokens": 0}):
+        with pytest.raises(ValueError):
+            HFGenerator(model, tok, **bad)
+    with pytest.raises(ValueError, match="group_size"):
+        gen.generate(["ab"], 0)
+
+
+def _hand_rollout():
+    pad = 0
+    prompt_ids = torch.tensor(
+        [[pad, pad, 5, 6], [pad, 7, 8, 9], [pad, pad, 5, 6], [pad, pad, 7, 7]]
+    )
+    completion_ids = torch.tensor(
+        [[10, 1, pad, pad], [11, 12, 13, pad], [1, pad, pad, pad], [9, pad, pad, pad]]
+    )
+    completion_mask = (completion_ids != pad).long()
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=(prompt_ids != pad).long(),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        sampler_logp=-0.5 * completion_mask.float(),
+        finish_reason=["eos", "length", "eos", "length"],
+        group_size=2,
+        prompts=["a", "a", "b", "b"],
+        completions=["x", "yzw", "", "v"],
+    )
+
+
+def test_trim_and_select():
+    r = _hand_rollout()
+    t = r.trim()  # prompt column 0 and completion column 3 are padding in every row
+    assert t.prompt_ids.shape == (4, 3) and t.completion_ids.shape == (4, 3)
+    assert t.prompt_ids[:, 0].tolist() == [0, 7, 0, 0]
+    assert t.group_ids.tolist() == [0, 0, 1, 1]
+
+    s = r.select([2, 0])  # rows 2 and 0: prompt columns 0-1 and completion columns 2-3 are padding
+    assert s.prompt_ids.tolist() == [[5, 6], [5, 6]]
+    assert s.completion_ids.tolist() == [[1, 0], [10, 1]]
+    assert s.completion_mask.tolist() == [[1, 0], [1, 1]]
+    assert s.sampler_logp.tolist() == [[-0.5, 0.0], [-0.5, -0.5]]
+    assert s.finish_reason == ["eos", "eos"] and s.prompts == ["b", "a"]
+    assert s.completions == ["", "x"]
+    assert s.group_ids.tolist() == [1, 0] and s.group_size == 2
+    assert s.completion_lengths.tolist() == [1, 2]
+    assert s.input_ids.shape == (2, 4)
+    assert torch.equal(r.select(torch.tensor([1])).completion_ids, torch.tensor([[11, 12, 13]]))
+
+
+def test_select_feeds_token_logprobs(model, tok):
+    """A trimmed minibatch gives the same log-probs as the rows of the full batch."""
+    r = _generate(model, tok, group_size=4)
+    t = r.completion_ids.shape[1]
+    with torch.no_grad():
+        full = token_logprobs(model, r.input_ids, r.attention_mask, t)
+        mb = r.select([4, 5, 6, 7])  # the "ab" group: short prompt, trimmed
+        part = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1])
+    assert mb.prompt_ids.shape[1] == 2
+    torch.testing.assert_close(part, full[4:8, : part.shape[1]], rtol=0, atol=1e-5)
+    assert (full[4:8, part.shape[1] :] == 0).all()
+
+
+def test_pad_equal_to_eos(model):
+    """A tokenizer without a pad token (load_policy then pads with EOS): masks come from the
+    first EOS, so EOS-valued padding is still masked out."""
+    t = build_char_tokenizer()
+    t.pad_token = None
+    r = _generate(model, t, prompts=["ab", "user: 1\nassistant: "], group_size=8)
+    eos = t.eos_token_id
+    assert "eos" in r.finish_reason
+    for i in range(r.num_samples):
+        k = int(r.completion_lengths[i])
+        assert (r.completion_ids[i, k:] == eos).all() and not r.completion_mask[i, k:].any()
+        assert (r.completion_ids[i, : k - 1] != eos).all()
+    assert (r.prompt_ids[r.prompt_mask == 0] == eos).all()
