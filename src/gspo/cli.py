@@ -31,7 +31,10 @@ def cmd_train(args) -> int:
     from gspo.config import load_config
     from gspo.train import train
 
-    cfg = load_config(args.config, args.overrides)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        config, overrides = None, [config, *overrides]  # no config file, only overrides
+    cfg = load_config(config, overrides)
     run_dir = train(cfg)
     print(f"run directory: {run_dir}")
     return 0
@@ -68,7 +71,8 @@ def cmd_eval(args) -> int:
 def cmd_demo(args) -> int:
     from gspo.demo import run_demo
 
-    summary = run_demo(out_dir=args.out, overrides=args.overrides, quick=args.quick)
+    summary = run_demo(out_dir=args.out, overrides=args.overrides, quick=args.quick,
+                       warmup_steps=args.warmup_steps)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -103,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="offline CPU demo: a tiny model learns arithmetic with GSPO")
     d.add_argument("--out", default="runs/demo", help="output directory")
     d.add_argument("--quick", action="store_true", help="a much smaller run (for tests)")
+    d.add_argument("--warmup-steps", type=int, default=None, help="supervised warm-up steps before GSPO")
     d.add_argument("overrides", nargs="*", help="dotted key=value overrides of the GSPO phase")
     d.set_defaults(fn=cmd_demo)
 

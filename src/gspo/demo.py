@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ DEMO_OVERRIDES = [
 ]
 QUICK_OVERRIDES = ["schedule.rollouts=3", "rollout.prompts_per_step=8", "eval.num_prompts=32", "eval.every=0",
                    "data.num_prompts=400", "data.eval_num_prompts=32", "logging.table_every=0"]
-WARMUP = {"steps": 150, "batch_size": 64, "lr": 3e-3}
+WARMUP = {"steps": 300, "batch_size": 64, "lr": 1e-3}
 QUICK_WARMUP = {"steps": 10, "batch_size": 32, "lr": 3e-3}
 
 
@@ -67,9 +68,11 @@ def warmup(model, tokenizer, rows: list[dict], *, steps: int, batch_size: int, l
 
 
 def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str, ...] = (),
-             quick: bool = False) -> dict:
+             quick: bool = False, warmup_steps: int | None = None) -> dict:
     t_start = time.time()
     out = Path(out_dir)
+    if (out / "summary.json").exists() or (out / "metrics.jsonl").exists():
+        shutil.rmtree(out)  # the demo's own directory: start afresh each time
     base = DEMO_OVERRIDES + (QUICK_OVERRIDES if quick else [])
     cfg = load_config(None, [*base, f"output.dir={out.parent}", f"output.name={out.name}", *overrides])
     setup_threads(cfg.threads)
@@ -80,7 +83,9 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
 
     model, tok = build_policy(cfg)
     rows, _ = load_prompt_rows(cfg)
-    w = QUICK_WARMUP if quick else WARMUP
+    w = dict(QUICK_WARMUP if quick else WARMUP)
+    if warmup_steps is not None:
+        w["steps"] = warmup_steps
     t0 = time.time()
     losses = warmup(model, tok, rows, seed=cfg.seed, **w)
     t_warm = time.time() - t0

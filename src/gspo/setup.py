@@ -93,7 +93,7 @@ def build_policy(cfg: Config):
     if m.name_or_path == "tiny":
         from gspo.tiny import build_char_tokenizer, build_tiny_model
 
-        tok = build_char_tokenizer(TASK_CHARS)
+        tok = build_char_tokenizer("".join(sorted(TASK_CHARS)))
         model = build_tiny_model(tok, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_num_layers,
                                  moe=m.tiny_moe, seed=cfg.seed,
                                  max_position_embeddings=max(128, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens))
@@ -189,6 +189,9 @@ def build_context(cfg: Config, *, console: Console | None = None) -> RunContext:
     validate_specs(specs)                                                # reward names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     resume_from = ckpt.resolve_resume(run_dir, cfg.resume)              # checkpoint
+    if resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+        raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
+                          f"continue it with resume=auto, or choose another output.name")
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list)

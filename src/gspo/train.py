@@ -101,7 +101,8 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
             loss, m = algo.policy_loss(
                 logp, old_logp[mi, :T], adv[mi], part.completion_mask, level=cfg.algo.level,
                 eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high, aggregation=cfg.algo.aggregation,
-                max_log_ratio=cfg.algo.max_log_ratio, max_len=cfg.rollout.max_new_tokens)
+                max_log_ratio=cfg.algo.max_log_ratio,
+                max_len=cfg.rollout.max_new_tokens if cfg.algo.aggregation == "seq-mean-token-sum-norm" else None)
             # the minibatch loss is the mean over its sequences (or its tokens, for token-mean)
             if cfg.algo.aggregation == "token-mean":
                 w = (part.completion_mask.sum() / mb_tokens).item()
