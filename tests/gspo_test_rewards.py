@@ -1,0 +1,30 @@
+"""Reward functions the tests import by dotted path (`gspo_test_rewards:...`)."""
+
+
+def count_ones(prompts, completions, **kwargs):
+    """Fraction of '1' characters: a tiny random model can learn to raise it in a few steps."""
+    out = []
+    for c in completions:
+        text = c if isinstance(c, str) else c[-1]["content"]
+        out.append(text.count("1") / max(len(text), 1))
+    return out
+
+
+def always_nan_loss_trigger(prompts, completions, **kwargs):
+    return [0.0 for _ in completions]
+
+
+def raises_on_seven(prompts, completions, **kwargs):
+    if any("7" in (c if isinstance(c, str) else c[-1]["content"]) for c in completions):
+        raise ValueError("cannot score a 7")
+    return [1.0 for _ in completions]
+
+
+def hangs(prompts, completions, **kwargs):
+    import time
+
+    time.sleep(3600)
+
+
+def none_for_all(prompts, completions, **kwargs):
+    return [None for _ in completions]
