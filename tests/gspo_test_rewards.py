@@ -28,3 +28,7 @@ def hangs(prompts, completions, **kwargs):
 
 def none_for_all(prompts, completions, **kwargs):
     return [None for _ in completions]
+
+
+def always_raises(prompts, completions, **kwargs):
+    raise ValueError("this reward function always fails")

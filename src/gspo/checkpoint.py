@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import safetensors.torch
 
+from gspo import faults
+
 __all__ = [
     "CheckpointError", "CheckpointWarning", "save_checkpoint", "load_checkpoint", "verify_checkpoint",
     "list_checkpoints", "find_resume_checkpoint", "resolve_resume", "capture_rng_state", "restore_rng_state",
@@ -252,6 +254,7 @@ def _write_checkpoint_files(tmp: Path, step: int, model, optimizer, scheduler, r
                             config_text: str, trainable_only: bool) -> None:
     """Write every file into ``tmp``; the manifest goes last so its presence means 'complete'."""
     save_model_state(model, tmp / MODEL_FILE, trainable_only=trainable_only)
+    faults.in_save(step)  # tests only: a kill with the checkpoint half written
     if optimizer is not None:
         save_optimizer_state(optimizer, tmp / OPTIMIZER_FILE)
     if scheduler is not None:

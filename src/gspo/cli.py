@@ -121,15 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from gspo.config import ConfigError
 
+    from gspo.checkpoint import CheckpointError
+    from gspo.rewards import RewardError
+    from gspo.train import TrainingError
+
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except (ConfigError, ValueError, FileNotFoundError, PermissionError) as e:
-        # bad input: one clear line, no traceback
+        # bad input: one clear message, no traceback (GSPO_TRACEBACK=1 shows it)
         if os.environ.get("GSPO_TRACEBACK"):
             raise
         print(f"gspo {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except (TrainingError, RewardError, CheckpointError) as e:
+        # the run stopped for a stated reason; its last good state is on disk
+        if os.environ.get("GSPO_TRACEBACK"):
+            raise
+        print(f"gspo {args.command}: stopped: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

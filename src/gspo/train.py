@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from gspo import algo
+from gspo import algo, faults
 from gspo.config import Config, ConfigError, to_yaml
 from gspo.setup import RunContext, build_context
 from gspo.metrics import Console, JsonlWriter, truncate_metrics, write_completions
@@ -108,6 +108,8 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 w = (part.completion_mask.sum() / mb_tokens).item()
             else:
                 w = len(mi) / len(mb_idx)
+            if faults.nan_loss(state.step + 1):  # tests only
+                loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
             for k, v in m.items():
@@ -271,6 +273,7 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                     return run_dir
                 if cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0 and state.rollout < total:
                     ctx.save(state)
+                faults.after_rollout(state.rollout)  # tests only
             state.finished = True
             ctx.save(state)
             ctx.save_final()

@@ -1,0 +1,201 @@
+"""Reliability of the trainer: exact resume, kills mid-save, signals, non-finite steps, bad rewards.
+
+Faults are injected with `GSPO_FAULTS` (see gspo/faults.py) into real `gspo train` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gspo.cli import main
+
+TESTS = Path(__file__).parent
+# 8 prompts at 4 per rollout: an epoch is 2 rollouts, so resuming after rollout 2 crosses an epoch boundary
+TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8", "data.eval_num_prompts=8",
+        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
+        "schedule.rollouts=4", "schedule.num_minibatches=2", "eval.num_prompts=4", "eval.every=3",
+        "logging.console=false", "logging.completions_every=1", "checkpoint.every=1", "checkpoint.keep_last=10",
+        "rollout.temperature=1.5"]
+
+
+def gspo_train(tmp_path: Path, name: str, *extra: str, faults: str = "", check: bool = True):
+    env = {**os.environ, "GSPO_FAULTS": faults, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(TESTS)}
+    cmd = [sys.executable, "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", f"output.name={name}", *extra]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def metrics_without_timings(run_dir: Path) -> list[dict]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out.append({k: v for k, v in rec.items() if "time" not in k and k != "tokens_per_s"})
+    return out
+
+
+def sampled_prompts(run_dir: Path) -> dict[str, list[str]]:
+    return {p.name: [json.loads(x)["prompt"] + "|" + json.loads(x)["completion"] for x in p.read_text().splitlines()]
+            for p in sorted((run_dir / "completions").glob("*.jsonl"))}
+
+
+def final_state(run_dir: Path):
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    ck = run_dir / "checkpoints" / latest
+    model = load_file(ck / "model.safetensors")
+    optim = torch.load(ck / "optimizer.pt", weights_only=True)
+    return model, optim
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    ma, oa = final_state(a)
+    mb, ob = final_state(b)
+    assert ma.keys() == mb.keys()
+    for k in ma:
+        assert torch.equal(ma[k], mb[k]), k          # bitwise
+    for pid, st in oa["state"].items():
+        for k, v in st.items():
+            assert torch.equal(v, ob["state"][pid][k]), (pid, k)
+    assert metrics_without_timings(a) == metrics_without_timings(b)
+    assert sampled_prompts(a) == sampled_prompts(b)
+    assert load_file(a / "final" / "model.safetensors").keys() == load_file(b / "final" / "model.safetensors").keys()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("straight")
+    gspo_train(tmp, "run")
+    return tmp / "run"
+
+
+@pytest.mark.parametrize("stop_after", [2, 3])  # 2: at the epoch boundary; 3: mid-epoch, right after an eval
+def test_kill_and_resume_is_bitwise_identical(tmp_path, straight, stop_after):
+    p = gspo_train(tmp_path, "run", faults=f"exit_after_rollout={stop_after}", check=False)
+    assert p.returncode == 3  # died without finishing
+    assert not (tmp_path / "run" / "final").exists()
+    gspo_train(tmp_path, "run", "resume=auto")
+    assert_same_run(straight, tmp_path / "run")
+
+
+def test_kill_9_during_save_keeps_previous_checkpoint(tmp_path, straight):
+    # rollout 3 ends at optimizer step 6: kill -9 while that checkpoint is half written
+    p = gspo_train(tmp_path, "run", faults="kill_in_save=6", check=False)
+    assert p.returncode == -signal.SIGKILL
+    ck = tmp_path / "run" / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "step-4"
+    assert any(x.name.startswith(".tmp-step-6") for x in ck.iterdir())  # the half-written one
+    gspo_train(tmp_path, "run", "resume=auto")
+    assert not any(x.name.startswith(".tmp-") for x in ck.iterdir())
+    assert_same_run(straight, tmp_path / "run")
+
+
+def test_resume_of_finished_run_exits_0_without_training(tmp_path):
+    gspo_train(tmp_path, "run", "schedule.rollouts=1")
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=1", "resume=auto")
+    assert "already finished" in p.stdout + p.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
+def test_corrupt_checkpoints_are_skipped_or_fatal(tmp_path):
+    gspo_train(tmp_path, "run", "schedule.rollouts=3", faults="exit_after_rollout=2", check=False)
+    ck = tmp_path / "run" / "checkpoints"
+    newest = ck / (ck / "latest").read_text().strip()
+    with open(newest / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=3", "resume=auto")
+    assert newest.name == "step-4" and newest.name in p.stderr  # the warning names the skipped checkpoint
+    assert "resumed from" in p.stdout + p.stderr and "step-2" in p.stdout + p.stderr
+    # every checkpoint corrupt: an error, never a silent restart from step 0
+    for d in ck.glob("step-*"):
+        (d / "COMPLETE").unlink()
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=3", "resume=auto", check=False)
+    assert p.returncode != 0 and "none is complete" in p.stderr
+
+
+def test_sigterm_checkpoints_and_resumes(tmp_path):
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [sys.executable, "-m", "gspo", "train", *TINY, "schedule.rollouts=200", "checkpoint.every=0",
+           f"output.dir={tmp_path}", "output.name=run"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped by signal" in out + err
+    assert (tmp_path / "run" / "checkpoints" / "latest").exists()
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=200", "checkpoint.every=0", "resume=auto",
+                   faults="exit_after_rollout=" + str(_last_rollout(metrics) + 1), check=False)
+    assert p.returncode == 3 and "resumed from" in p.stdout + p.stderr
+
+
+def _last_rollout(metrics: Path) -> int:
+    return max(json.loads(x).get("rollout", 0) for x in metrics.read_text().splitlines())
+
+
+def test_non_finite_loss_skips_the_step(tmp_path):
+    # optimizer step 2 gets a NaN loss: skipped, counted, the run goes on with finite numbers
+    gspo_train(tmp_path, "run", "schedule.rollouts=2", "checkpoint.every=0", faults="nan_loss_at=2")
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["train/skipped_steps"] for r in recs] == [0, 1, 1, 1]
+    assert all(torch.isfinite(torch.tensor(r["ratio/seq_mean"])) for r in recs)
+    for v in load_file(tmp_path / "run" / "final" / "model.safetensors").values():
+        assert torch.isfinite(v).all()
+
+
+def test_repeated_non_finite_steps_stop_with_a_checkpoint(tmp_path):
+    p = gspo_train(tmp_path, "run", "checkpoint.max_bad_steps=3", "checkpoint.every=0", faults="nan_loss_from=3",
+                   check=False)
+    assert p.returncode == 1 and "non-finite" in p.stderr
+    ck = tmp_path / "run" / "checkpoints"
+    assert (ck / "latest").exists()
+    for v in load_file(ck / (ck / "latest").read_text().strip() / "model.safetensors").values():
+        assert torch.isfinite(v).all()
+
+
+def test_reward_that_raises_fails_fast_naming_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false",
+               "rewards.functions=[{name: 'gspo_test_rewards:always_raises'}]"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "always_raises" in err
+
+
+@pytest.mark.parametrize("policy", ["skip", "zero"])
+def test_reward_errors_and_hangs_are_counted_under_a_policy(tmp_path, monkeypatch, policy):
+    monkeypatch.syspath_prepend(str(TESTS))
+    rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false",
+               "schedule.rollouts=1", "checkpoint.every=0", f"rewards.on_error={policy}", "rewards.timeout_s=1",
+               "rewards.functions=[{name: 'gspo_test_rewards:hangs'}, {name: 'gspo_test_rewards:always_raises'}]"])
+    assert rc == 0
+    rec = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert rec["reward/timeouts"] > 0 and rec["reward/errors"] > 0
+    assert rec["loss"] is not None  # finite: None would mean NaN or inf
+    if policy == "skip":
+        assert rec["adv/frac_zero_std"] == 1.0  # every reward missing: no signal, advantages 0
+
+
+def test_degenerate_rollouts_give_finite_loss(tmp_path, monkeypatch):
+    """All rewards missing; every completion truncated at one token; empty completions in the update."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false",
+               "schedule.rollouts=1", "checkpoint.every=0", "rollout.max_new_tokens=1",
+               "rewards.functions=[{name: 'gspo_test_rewards:none_for_all'}]"])
+    assert rc == 0
+    rec = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert rec["reward/missing"] > 0 and rec["adv/frac_zero_std"] == 1.0
+    assert rec["loss"] == 0.0 and rec["grad_norm"] == 0.0
