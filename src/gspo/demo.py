@@ -25,10 +25,10 @@ from gspo.setup import build_context, load_prompt_rows, seed_everything, setup_t
 DEMO_OVERRIDES = [
     "data.source=arithmetic", "data.difficulty=1", "data.num_prompts=4000", "data.eval_num_prompts=200",
     "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=6",
-    "optim.lr=2e-4", "optim.max_grad_norm=1.0",
-    "schedule.rollouts=40", "schedule.num_minibatches=4",
-    "eval.num_prompts=200", "eval.every=10",
-    "logging.table_every=20", "logging.completions_every=10",
+    "optim.lr=1e-4", "optim.max_grad_norm=1.0",
+    "schedule.rollouts=300", "schedule.num_minibatches=4",
+    "eval.num_prompts=200", "eval.every=50",
+    "logging.table_every=50", "logging.completions_every=25",
     "model.tiny_hidden_size=128", "model.tiny_num_layers=2",
 ]
 QUICK_OVERRIDES = ["schedule.rollouts=3", "rollout.prompts_per_step=8", "eval.num_prompts=32", "eval.every=0",

@@ -1,0 +1,83 @@
+"""Every command in the README is run here (the demo and training with smaller settings)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+
+# What the tests append to a README command to keep it small; the command itself runs as written.
+SHRINK = {
+    "gspo demo": ["--quick"],
+    "gspo train": ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "rollout.prompts_per_step=4",
+                   "schedule.rollouts=2", "eval.num_prompts=8", "logging.console=false"],
+    "gspo eval": [],
+    "gspo report": [],
+}
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+    return [line.strip() for b in blocks for line in b.splitlines() if line.strip()]
+
+
+def gspo_part(cmd: str) -> str:
+    return cmd.split("&&")[-1].strip()
+
+
+def test_every_readme_command_is_known():
+    cmds = readme_commands()
+    assert len(cmds) >= 5
+    for c in cmds:
+        g = gspo_part(c)
+        assert any(g.startswith(k) for k in SHRINK) or g.startswith("python -m pytest"), c
+
+
+def test_setup_is_two_commands_that_take_the_cpu_wheel():
+    setup = README.split("## Set-up")[1].split("\n## ")[0]
+    cmds = re.findall(r"```bash\n(.*?)```", setup, flags=re.S)
+    assert len(cmds) == 2
+    for c in cmds:
+        assert '"torch==2.13.0"' in c  # an exact pin: a range could pull a multi-GB CUDA build
+    assert gspo_part(cmds[0].strip()) == "gspo demo"
+    test_cmd = cmds[1].strip()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_cmd in ci, ".ci/run must call exactly the README's test command"
+
+
+def run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    g = gspo_part(cmd)
+    key = next(k for k in SHRINK if g.startswith(k))
+    argv = [sys.executable, "-m", "gspo", *shlex.split(g)[1:], *SHRINK[key]]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (cmd, p.stderr[-3000:])
+    return p
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("readme")
+    shutil.copytree(ROOT / "examples", d / "examples")
+    return d
+
+
+def test_readme_commands_run(workdir):
+    cmds = [c for c in readme_commands() if "gspo " in gspo_part(c) + " "]
+    demo = [c for c in cmds if gspo_part(c).startswith("gspo demo")]
+    rest = [c for c in cmds if c not in demo]
+    for c in demo + rest:  # the demo first: eval and report read its output
+        run(c, workdir)
+    summary = json.loads((workdir / "runs" / "demo" / "summary.json").read_text())
+    assert {"accuracy_before_rl", "accuracy_after_rl", "seconds"} <= set(summary)
+    assert (workdir / "runs" / "demo" / "report.html").exists()
