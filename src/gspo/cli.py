@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     from gspo.train import TrainingError
 
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # gspo draws its own progress; HF's per-file bars are noise
     try:
         return args.fn(args)
     except (ConfigError, ValueError, FileNotFoundError, PermissionError) as e:

@@ -109,8 +109,8 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
     evals = [m for m in read_metrics(out / "metrics.jsonl") if m.get("eval/accuracy") is not None]
     before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
     summary = {
-        "accuracy_before_rl": before,
-        "accuracy_after_rl": after,
+        "accuracy_before_rl": round(before, 4),
+        "accuracy_after_rl": round(after, 4),
         "accuracy_gain_points": round(100 * (after - before), 1),
         "eval_prompts": len(ctx.eval_rows[: cfg.eval.num_prompts]),
         "warmup_seconds": round(t_warm, 1),
