@@ -30,9 +30,11 @@ from gspo.tasks import TASKS, TASK_CHARS, make_task
 
 
 def setup_threads(n: int = 0) -> int:
-    """torch CPU threads: `n`, or auto. On small VMs one thread avoids OpenMP spin-wait stalls
-    (2 threads measured up to ~50x slower on 2-core VMs without OMP_WAIT_POLICY=PASSIVE); on
-    big machines half the cores leaves room for reward workers and data loading."""
+    """torch CPU threads: `n`, or auto. On machines with <= 4 cores, one thread: on a 2-core VM
+    (docs/benchmarks.md, bench/step.py --compare-threads) it was within 1.3-1.7x of the best
+    setting in every case and never slowed by outside load, while 2 threads were 1.4x slower
+    with OMP_WAIT_POLICY=PASSIVE and up to 3.3x slower without it once another process held a
+    core. On bigger machines half the cores leaves room for reward workers (not yet measured)."""
     if n <= 0:
         if "OMP_NUM_THREADS" in os.environ:
             return torch.get_num_threads()
