@@ -2,9 +2,10 @@
 # GPU smoke check (device tool): the trainer on CUDA with device=auto, and the CPU-tier tests
 # re-run where CUDA is present. Usage: bash bench/gpu_smoke.sh  (writes logs under $OUT if set)
 set -uo pipefail
+rm -rf /tmp/gpu-demo /tmp/gpu-runs
 OUT=${OUT:-/tmp/gspo-gpu}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD/src:$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"

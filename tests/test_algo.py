@@ -520,7 +520,8 @@ def test_missing_rewards():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(0, 1), min_size=6, max_size=6), st.sampled_from([2, 3, 6]))
+# subnormal rewards excluded: some machines flush them to zero (seen on the GPU host's CPU)
+@given(st.lists(st.floats(0, 1, allow_subnormal=False), min_size=6, max_size=6), st.sampled_from([2, 3, 6]))
 def test_advantages_are_centred_and_unit_scaled(values, group_size):
     adv, _ = group_advantages(torch.tensor(values, dtype=F64), group_size, eps=0.0)
     for grp in adv.reshape(-1, group_size):

@@ -29,7 +29,8 @@ TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompt
 
 
 def gspo_train(tmp_path: Path, name: str, *extra: str, faults: str = "", check: bool = True):
-    env = {**os.environ, "GSPO_FAULTS": faults, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(TESTS)}
+    path = os.pathsep.join(x for x in [str(TESTS), os.environ.get("PYTHONPATH", "")] if x)
+    env = {**os.environ, "GSPO_FAULTS": faults, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", f"output.name={name}", *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if check:

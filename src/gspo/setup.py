@@ -141,6 +141,10 @@ class RunContext:
     resume_from: Path | None = None
     console: Console = field(default_factory=lambda: Console(0, enabled=False))
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def render(self, prompt) -> str:
         return format_prompt(prompt, self.tokenizer)
 
@@ -149,7 +153,7 @@ class RunContext:
         dev = next(self.model.parameters()).device
         return token_logprobs(self.model, part.input_ids.to(dev), part.attention_mask.to(dev),
                               part.completion_ids.shape[1], temperature=self.cfg.rollout.temperature,
-                              chunk_size=self.cfg.model.logprob_chunk_size).to("cpu")
+                              chunk_size=self.cfg.model.logprob_chunk_size)
 
     def evaluate(self) -> dict:
         if not self.eval_rows:

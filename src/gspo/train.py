@@ -226,13 +226,14 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 batch = ctx.sampler.next_batch()                                    # 1. B prompts
                 t0 = time.perf_counter()
                 rollout = ctx.generator.generate([ctx.render(r["prompt"]) for r in batch],
-                                                 cfg.rollout.group_size)            # 2. B*G completions
+                                                 cfg.rollout.group_size).to(ctx.device)  # 2. B*G completions
                 t_gen = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 rewards = score(ctx, batch, rollout)                                # 3. rewards
                 t_score = time.perf_counter() - t0
                 adv, adv_stats = algo.group_advantages(rewards.rewards, cfg.rollout.group_size,
                                                        scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)  # 4.
+                adv = adv.to(ctx.device)
                 t0 = time.perf_counter()
                 old_logp = old_logprobs(ctx, rollout)                               # 5. pi_old
                 t_old = time.perf_counter() - t0
