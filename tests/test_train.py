@@ -112,6 +112,8 @@ def test_help_lists_every_field(capsys):
     ("algo.aggregation=token-mean", "algo"),     # length weighting at sequence level
     ("nonsense.key=1", "nonsense"),
     ("rollout.group_size=abc", "rollout.group_size"),
+    ("rewards.functions=[{name: code_tests}]", "rewards.allow_code_execution"),  # opt-in only
+    ("algo.eps_low=5e-4", "algo.eps_low"),        # above eps_high's default 4e-4: out of order
 ])
 def test_bad_config_is_one_clear_error(tmp_path, override, field, capsys):
     rc, _ = run(tmp_path, override)
@@ -163,3 +165,14 @@ def test_yaml_config_and_overrides(tmp_path):
     assert cfg.rollout.group_size == 16 and cfg.algo.eps_high == 5e-4 and cfg.rollout.prompts_per_step == 32
     with pytest.raises(ConfigError, match="rollout.group_sise"):
         load_config(cfg_file, ["rollout.group_sise=16"])
+
+
+def test_overlong_prompts_are_dropped_and_counted(tmp_path, capsys):
+    # arithmetic prompts are 4-6 characters: a limit of 5 drops the 6-character ones
+    rc, run_dir = run(tmp_path, "data.max_prompt_tokens=5", "schedule.rollouts=1")
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "dropped" in err and "data.max_prompt_tokens=5" in err
+    for p in (run_dir / "completions").glob("*.jsonl"):
+        for line in p.read_text().splitlines():
+            assert len(json.loads(line)["prompt"]) <= 5

@@ -285,9 +285,11 @@ def validate(cfg: Config) -> None:
     _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
     max_len = r.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
     try:
-        algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len)
+        lo, hi, _ = algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len)
     except ValueError as e:
         raise ConfigError(f"config field 'algo': {e}") from None
+    _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
+           f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
     rw = cfg.rewards
     _check(rw.on_error in ("raise", "skip", "zero"), "rewards.on_error", f"'{rw.on_error}' is not raise | skip | zero")
     _check(rw.timeout_s > 0, "rewards.timeout_s", "must be > 0")
