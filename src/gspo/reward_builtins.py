@@ -1,0 +1,122 @@
+"""Built-in reward functions (TRL's contract: `fn(prompts, completions, **columns)`).
+
+- `exact_answer`: the completion's answer equals the `answer` column (whole completion, last
+  `\\boxed{...}` or `<answer>...</answer>`).
+- `math_verify`: mathematical equivalence with the `answer` column, via the `math-verify` package.
+- `format`: the completion fully matches a regular expression.
+- `code_tests`: runs model-written code against tests (gspo.sandbox; opt-in only).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from typing import Any, Callable
+
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...}, braces balanced; None if there is none (or unclosed)."""
+    matches = list(_BOXED.finditer(text))
+    if not matches:
+        return None
+    start, depth = matches[-1].end(), 1
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i]
+    return None
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a str, or the last message's content of a message list."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
+
+
+def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float | None]:
+    """1.0 when the completion's answer equals the `answer` column (after stripping whitespace),
+    else 0.0; None where the answer is missing. The completion's answer is the whole completion,
+    the last \\boxed{...}, or the last <answer>...</answer> (any may match). A list-valued answer
+    accepts any of its items; a non-string answer is compared as `str(answer)`."""
+    if answer is None:
+        return [None] * len(completions)
+    out: list[float | None] = []
+    for completion, gold in zip(completions, answer):
+        if gold is None:
+            out.append(None)
+            continue
+        golds = {str(g).strip() for g in (gold if isinstance(gold, (list, tuple)) else [gold])}
+        text = completion_text(completion)
+        tags = _ANSWER_TAG.findall(text)
+        candidates = [text, _last_boxed(text) or "", tags[-1] if tags else ""]
+        out.append(float(any(c.strip() in golds for c in candidates)))
+    return out
+
+
+def _import_math_verify():
+    try:
+        from math_verify import parse, verify
+    except ImportError as e:
+        from gspo.rewards import RewardConfigError  # late import: gspo.rewards imports this module
+
+        raise RewardConfigError("reward 'math_verify' needs the math-verify package: pip install 'gspo[math]'") from e
+    return parse, verify
+
+
+def math_verify(prompts, completions, answer=None, **kwargs) -> list[float | None]:
+    """1.0 when math-verify finds the completion mathematically equal to the `answer` column
+    ("\\boxed{1/2}" matches "0.5"), else 0.0; None where the answer is missing or unparsable.
+
+    math-verify's own timeouts use SIGALRM, which only works on a main thread: they are kept
+    there (as in RewardRunner's workers) and turned off elsewhere, where only the runner's
+    deadline bounds the call. Needs the optional extra `gspo[math]`.
+    """
+    parse, verify = _import_math_verify()
+    if answer is None:
+        return [None] * len(completions)
+    t = 5 if threading.current_thread() is threading.main_thread() else None
+    out: list[float | None] = []
+    for completion, gold_text in zip(completions, answer):
+        if gold_text is None:
+            out.append(None)
+            continue
+        gold_text = str(gold_text)
+        gold = parse(gold_text, parsing_timeout=t) or parse(f"${gold_text}$", parsing_timeout=t)
+        if not gold:
+            out.append(None)
+            continue
+        pred = parse(completion_text(completion), parsing_timeout=t)
+        out.append(float(bool(pred) and verify(gold, pred, timeout_seconds=t)))
+    return out
+
+
+DEFAULT_FORMAT_PATTERN = r"^\s*<think>.*</think>\s*<answer>.*</answer>\s*$"
+
+
+def format_reward(prompts, completions, pattern: str = DEFAULT_FORMAT_PATTERN, **kwargs) -> list[float]:
+    """1.0 when the whole completion matches `pattern` (re.fullmatch with re.DOTALL), else 0.0."""
+    rx = re.compile(pattern, re.DOTALL)
+    return [float(rx.fullmatch(completion_text(c)) is not None) for c in completions]
+
+
+def make_format_reward(pattern: str = DEFAULT_FORMAT_PATTERN) -> Callable[..., list[float]]:
+    """A `format` reward with a fixed pattern (a partial, so it pickles for spawned workers)."""
+    re.compile(pattern)  # fail now on a bad pattern
+    return functools.partial(format_reward, pattern=pattern)
+
+
+# A string value is imported on first use ("module:attr"), so optional parts load lazily.
+BUILTIN_REWARDS: dict[str, Callable | str] = {
+    "exact_answer": exact_answer,
+    "math_verify": math_verify,
+    "format": format_reward,
+    "code_tests": "gspo.sandbox:code_tests_reward",
+}
