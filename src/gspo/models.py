@@ -297,6 +297,21 @@ def token_logprobs(
     valid = attention_mask[:, length - t :].bool()  # (N, T)
     hidden, targets = hidden[valid], targets[valid]  # (M, H), (M,) real tokens only
 
+    if hidden.shape[0]:
+        lp = head_logprobs(head, hidden, targets, temperature=temperature, chunk_size=chunk_size,
+                           scale=scale, softcap=softcap)  # (M,)
+        out = out.masked_scatter(valid, lp)  # (N, T)
+    return out
+
+
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                  chunk_size: int = 512, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """log_softmax(head(hidden) / temperature)[targets] for M tokens, `chunk_size` at a time.
+
+    (M, H), (M,) -> (M,) float32. With grad, each chunk runs under activation checkpointing, so
+    only one chunk's [chunk x vocab] fp32 logits exist at a time, in the forward pass and again
+    (recomputed) in the backward pass; the full [M x vocab] logits are never materialised.
+    """
     use_ckpt = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
     )
@@ -311,9 +326,7 @@ def token_logprobs(
         else:
             lp = _chunk_logp(head, h, y, temperature, scale, softcap)
         pieces.append(lp)
-    if pieces:
-        out = out.masked_scatter(valid, torch.cat(pieces))  # (N, T)
-    return out
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
 
 
 def naive_token_logprobs(
