@@ -180,7 +180,7 @@ def _friendly(err: OmegaConfBaseException) -> str:
 
         names = [n for n, _, _ in field_docs()]
         close = difflib.get_close_matches(key, names, n=1)
-        msg = f"unknown field" + (f" (did you mean '{close[0]}'?)" if close else "")
+        msg = "unknown field" + (f" (did you mean '{close[0]}'?)" if close else "")
     return f"config field '{key}': {msg}" if key else msg
 
 

@@ -31,7 +31,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 import traceback
 import warnings

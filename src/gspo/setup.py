@@ -7,12 +7,11 @@ column, a requested checkpoint exists.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ import torch
 from gspo import checkpoint as ckpt
 from gspo.config import Config, ConfigError, to_yaml
 from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
-from gspo.metrics import Console
 from gspo.models import load_policy, resolve_device, token_logprobs
 from gspo.rewards import RewardRunner, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
@@ -139,7 +137,6 @@ class RunContext:
     scheduler: Any
     chat: bool
     resume_from: Path | None = None
-    console: Console = field(default_factory=lambda: Console(0, enabled=False))
 
     @property
     def device(self) -> torch.device:
@@ -165,9 +162,6 @@ class RunContext:
                         max_new_tokens=self.cfg.rollout.max_new_tokens, pass_k=e.pass_k,
                         generator=self.generator, chat=self.chat)
 
-    def trainer_state(self, state) -> dict:
-        return asdict(state)
-
     def save(self, state) -> Path:
         return ckpt.save_checkpoint(self.cfg.run_dir, state.step, model=self.model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, trainer_state=asdict(state),
@@ -186,7 +180,7 @@ class RunContext:
         self.rewards.close()
 
 
-def build_context(cfg: Config, *, console: Console | None = None) -> RunContext:
+def build_context(cfg: Config) -> RunContext:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
     run_dir = cfg.run_dir
@@ -227,4 +221,4 @@ def build_context(cfg: Config, *, console: Console | None = None) -> RunContext:
                           num_workers=cfg.rewards.num_workers)
     return RunContext(cfg=cfg, model=model, tokenizer=tok, generator=generator, rewards=runner, sampler=sampler,
                       eval_rows=eval_rows, optimizer=optimizer, scheduler=scheduler, chat=chat,
-                      resume_from=resume_from, console=console or Console(0, enabled=False))
+                      resume_from=resume_from)

@@ -5,7 +5,6 @@ updates -> log -> checkpoint. `train(cfg)` reads top to bottom; each step is a n
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 import warnings
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 from gspo import algo, faults
-from gspo.config import Config, ConfigError, to_yaml
+from gspo.config import Config
 from gspo.setup import RunContext, build_context
 from gspo.metrics import Console, JsonlWriter, truncate_metrics, write_completions
 from gspo.rollout import Rollout
@@ -83,7 +82,7 @@ def mismatch_metrics(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mas
 def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch.Tensor,
            state: TrainerState) -> list[dict]:
     """Split the rollout into `num_minibatches` optimizer steps (paper §5.1); returns per-step metrics."""
-    cfg, model = ctx.cfg, ctx.model
+    cfg = ctx.cfg
     N = rollout.num_samples
     M = cfg.schedule.num_minibatches
     perm = torch.randperm(N)  # seeded by the global torch RNG, so resumes are exact
