@@ -128,7 +128,7 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
                 t_old = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 train.update(ctx, rollout, old_logp, adv, state)
-                ctx.generator.sync_weights(ctx.model)
+                ctx.sync_sampler()
                 t_upd = time.perf_counter() - t0
                 dt = time.perf_counter() - t_step
                 if i == warmup - 1:

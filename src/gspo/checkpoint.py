@@ -250,23 +250,40 @@ def _remove_stale_tmp(root: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
-def _write_checkpoint_files(tmp: Path, step: int, model, optimizer, scheduler, rng: dict, state_text: str,
-                            config_text: str, trainable_only: bool) -> None:
-    """Write every file into ``tmp``; the manifest goes last so its presence means 'complete'."""
-    save_model_state(model, tmp / MODEL_FILE, trainable_only=trainable_only)
+def _rng_file(rank: int) -> str:
+    return RNG_FILE if rank == 0 else f"rng-rank{rank}.json"
+
+
+def _write_state_files(tmp: Path, step: int, model, optimizer, rng: dict, trainable_only: bool,
+                       write_state, rank: int) -> None:
+    """What every rank writes: the model and optimizer (a sharded `write_state(tmp)`, or rank
+    0's plain files) and this rank's RNG state."""
+    if write_state is not None:
+        write_state(tmp)
+    elif rank == 0:
+        save_model_state(model, tmp / MODEL_FILE, trainable_only=trainable_only)
     faults.in_save(step)  # tests only: a kill with the checkpoint half written
-    if optimizer is not None:
+    if write_state is None and rank == 0 and optimizer is not None:
         save_optimizer_state(optimizer, tmp / OPTIMIZER_FILE)
+    _write_text(tmp / _rng_file(rank), json.dumps(rng))
+
+
+def _write_manifest(tmp: Path, step: int, scheduler, state_text: str, config_text: str,
+                    trainable_only: bool, sharded: bool) -> None:
+    """Rank 0, after every rank has written: the JSON files, then the manifest, which goes last
+    so that its presence means 'complete'."""
     if scheduler is not None:
         _write_text(tmp / SCHEDULER_FILE, json.dumps(_scheduler_json(scheduler), indent=1))
-    _write_text(tmp / RNG_FILE, json.dumps(rng))
     _write_text(tmp / TRAINER_STATE_FILE, state_text)
     _write_text(tmp / CONFIG_FILE, config_text)
     files = {}
-    for f in sorted(tmp.iterdir()):
+    for f in sorted(q for q in tmp.rglob("*") if q.is_file()):
         _fsync_path(f)
-        files[f.name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
-    manifest = {"format": FORMAT_VERSION, "step": step, "trainable_only": trainable_only, "files": files}
+        files[f.relative_to(tmp).as_posix()] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+    for d in sorted({f.parent for f in tmp.rglob("*") if f.is_file()}):
+        _fsync_path(d)
+    manifest = {"format": FORMAT_VERSION, "step": step, "trainable_only": trainable_only,
+                "sharded": sharded, "files": files}
     _write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
     _fsync_path(tmp)
 
@@ -302,7 +319,7 @@ def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | Non
 
 def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
                     trainer_state: dict, config_text: str = "", keep_last: int = 3,
-                    trainable_only: bool = False) -> Path:
+                    trainable_only: bool = False, comm=None, write_state=None) -> Path:
     """Atomically write ``<run_dir>/checkpoints/step-<step>/`` and point ``latest`` at it.
 
     Returns the checkpoint directory. Any failure while writing (a full disk, a permission
@@ -310,12 +327,18 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
     temp directory and leaves the previous checkpoint and ``latest`` untouched. Afterwards all
     but the newest ``keep_last`` complete checkpoints are deleted. ``trainer_state`` must be
     JSON-able (tuples come back as lists, dict keys as strings). ``model`` is the unwrapped
-    module (not DDP/FSDP). RNG states are those of this process only.
+    module (not DDP/FSDP).
+
+    Several processes (``comm``: a `gspo.distributed.Dist`) call this together: each writes its
+    own RNG state and its part of ``write_state(tmp_dir)`` (a sharded model + optimizer writer;
+    without one, rank 0 writes the plain files); rank 0 then writes the rest and publishes the
+    checkpoint. The run directory must be one filesystem that all ranks see.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    rank = comm.rank if comm is not None else 0
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step-{step}"
     try:
@@ -324,37 +347,54 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
         raise CheckpointError(f"trainer_state for {final} is not JSON-serialisable: {e}") from e
     rng = capture_rng_state()  # before any I/O so the saved state is exactly the trainer's
 
-    tmp = root / f".tmp-step-{step}-{os.getpid()}"
-    old = root / f".tmp-old-step-{step}-{os.getpid()}"
+    pid = comm.broadcast_object(os.getpid()) if comm is not None else os.getpid()
+    tmp = root / f".tmp-step-{step}-{pid}"
+    old = root / f".tmp-old-step-{step}-{pid}"
+    error = None
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(root)
-        tmp.mkdir()
-        _write_checkpoint_files(tmp, step, model, optimizer, scheduler, rng, state_text, config_text,
-                                trainable_only)
-        if final.exists():  # from an earlier (possibly partial) run: set aside, delete once replaced
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _fsync_path(root)
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            _remove_stale_tmp(root)
+            tmp.mkdir()
+        if comm is not None:
+            comm.barrier()
+        _write_state_files(tmp, step, model, optimizer, rng, trainable_only, write_state, rank)
+        if comm is not None:
+            comm.barrier()
+        if rank == 0:
+            _write_manifest(tmp, step, scheduler, state_text, config_text, trainable_only,
+                            sharded=write_state is not None)
+            if final.exists():  # from an earlier (possibly partial) run: set aside, delete once replaced
+                os.replace(final, old)
+            os.replace(tmp, final)
+            _fsync_path(root)
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not final.exists():
-            os.replace(old, final)  # the earlier step-<N> was set aside but not replaced: put it back
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not final.exists():
+                os.replace(old, final)  # the earlier step-<N> was set aside but not replaced: put it back
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt etc.: clean up, do not wrap
         cause = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
         full = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
         hint = " (disk full?)" if isinstance(e, OSError) and e.errno in full else ""
-        raise CheckpointError(f"could not save checkpoint {final}: {type(e).__name__}: {cause}{hint}; "
-                              f"{_latest_note(root)}") from e
-    shutil.rmtree(old, ignore_errors=True)
-    previous_latest = _read_latest(root)
-    try:
-        _write_latest(root, final.name)
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {final} was written but {root / LATEST} could not be updated: "
-                              f"{os.strerror(e.errno) if e.errno else e}; {_latest_note(root)}") from e
-    _prune(root, final, keep_last, previous_latest)
+        error = (f"could not save checkpoint {final}: {type(e).__name__}: {cause}{hint}; "
+                 f"{_latest_note(root)}")
+        if comm is None:
+            raise CheckpointError(error) from e
+    if rank == 0 and error is None:
+        shutil.rmtree(old, ignore_errors=True)
+        previous_latest = _read_latest(root)
+        try:
+            _write_latest(root, final.name)
+            _prune(root, final, keep_last, previous_latest)
+        except OSError as e:
+            error = (f"checkpoint {final} was written but {root / LATEST} could not be updated: "
+                     f"{os.strerror(e.errno) if e.errno else e}; {_latest_note(root)}")
+    if comm is not None:
+        error = comm.broadcast_object(error)
+    if error is not None:
+        raise CheckpointError(error)
     return final
 
 
@@ -473,28 +513,44 @@ def resolve_resume(run_dir, resume: str | None) -> Path | None:
 
 
 def load_checkpoint(path, *, model: torch.nn.Module, optimizer=None, scheduler=None,
-                    restore_rng: bool = True) -> dict:
+                    restore_rng: bool = True, read_state=None, rank: int = 0) -> dict:
     """Verify ``path`` and load it into ``model`` (and ``optimizer``/``scheduler`` if given).
 
     Returns the trainer_state dict. Restores the RNG states unless ``restore_rng`` is False.
     The config text is at ``path / "config.yaml"``. Raises ``CheckpointError`` naming the
     directory on any problem (missing files, checksum mismatch, keys that do not fit).
+    A sharded checkpoint is read by ``read_state(path)`` (every rank calls this together), and
+    ``rank`` picks the RNG state that rank saved.
     """
     path = Path(path)
     manifest = verify_checkpoint(path)
     files = manifest["files"]
+    sharded = manifest.get("sharded", False)
+    if sharded and read_state is None:
+        raise CheckpointError(f"checkpoint {path} is sharded (saved by a multi-process run); "
+                              f"resume it with torchrun and the same distributed settings")
+    if not sharded and read_state is not None:
+        raise CheckpointError(f"checkpoint {path} was saved by one process with a full model; "
+                              f"it cannot be read into a sharded (FSDP) run")
     for wanted, name in ((optimizer, OPTIMIZER_FILE), (scheduler, SCHEDULER_FILE)):
-        if wanted is not None and name not in files:
+        if wanted is not None and name not in files and not (sharded and name == OPTIMIZER_FILE):
             raise CheckpointError(f"checkpoint {path} has no {name}, but one was asked to be loaded")
     try:
-        load_model_state(model, path / MODEL_FILE, trainable_only=manifest.get("trainable_only", False))
-        if optimizer is not None:
+        if sharded:
+            read_state(path)
+        else:
+            load_model_state(model, path / MODEL_FILE, trainable_only=manifest.get("trainable_only", False))
+        if optimizer is not None and not sharded:
             load_optimizer_state(optimizer, path / OPTIMIZER_FILE)
         if scheduler is not None:
             _load_scheduler(scheduler, json.loads((path / SCHEDULER_FILE).read_text(encoding="utf-8")))
         trainer_state = json.loads((path / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
         if restore_rng:
-            restore_rng_state(json.loads((path / RNG_FILE).read_text(encoding="utf-8")))
+            rng_file = path / _rng_file(rank)
+            if not rng_file.is_file():
+                raise CheckpointError(f"checkpoint {path} has no {rng_file.name}: it was saved by fewer ranks; "
+                                      f"resume with the same number of processes")
+            restore_rng_state(json.loads(rng_file.read_text(encoding="utf-8")))
     except Exception as e:
         raise CheckpointError(f"could not load checkpoint {path}: {type(e).__name__}: {e}") from e
     return trainer_state

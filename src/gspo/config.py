@@ -36,10 +36,29 @@ class ModelConfig:
     device: str = doc("auto", "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N")
     trust_remote_code: bool = doc(False, "allow model repos to run their own Python code (off unless you trust the repo)")
     gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
+    mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
     logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
     tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
     tiny_num_layers: int = doc(3, "layers of the built-in tiny model")
     tiny_moe: bool = doc(False, "make the built-in tiny model a Qwen3-MoE")
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = doc(False, "train LoRA adapters (peft; extra gspo[lora]) instead of every weight")
+    r: int = doc(16, "adapter rank")
+    alpha: float = doc(32.0, "LoRA alpha (the update is scaled by alpha / r)")
+    dropout: float = doc(0.0, "dropout on the adapters' input (keep 0 for a deterministic pi_old pass)")
+    target_modules: List[str] = doc(["all-linear"], "modules to adapt: names like q_proj, or all-linear (every linear layer but the head)")
+    merge_final: bool = doc(True, "final/ holds the merged model (the adapters alone go to final/adapter)")
+
+
+@dataclass
+class DistributedConfig:
+    strategy: str = doc("fsdp", "under torchrun: fsdp (FSDP2 fully_shard) | ddp (replicated weights)")
+    backend: str = doc("auto", "process group backend: auto (nccl on GPUs, gloo on CPUs) | nccl | gloo")
+    reshard_after_forward: bool = doc(True, "FSDP2: free gathered weights after each forward (less memory, more traffic)")
+    timeout_s: float = doc(1800.0, "collective timeout in seconds")
 
 
 @dataclass
@@ -64,7 +83,8 @@ class RolloutConfig:
     temperature: float = doc(1.0, "sampling temperature; log-probs are taken at this temperature")
     top_p: float = doc(1.0, "nucleus sampling threshold (1 = off)")
     top_k: int = doc(0, "top-k sampling (0 = off)")
-    batch_size: int = doc(0, "sequences generated per generate() call (0 = all at once)")
+    batch_size: int = doc(0, "sequences per generate() call and per seeded sampling chunk (0 = the process's whole share); "
+                          "set it to make samples independent of the number of processes")
     old_logp: str = doc("trainer", "pi_old source: trainer (one no-grad pass) | sampler (the generator's log-probs, paper §5.4)")
 
 
@@ -150,6 +170,8 @@ class OutputConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
@@ -246,12 +268,46 @@ def _check(cond: bool, field_name: str, msg: str) -> None:
         raise ConfigError(f"config field '{field_name}': {msg}")
 
 
+def validate_world(cfg: Config, world_size: int) -> None:
+    """The rules that depend on the number of processes (checked again once torchrun's is known):
+    every rank gets whole prompts, its share splits into sampling chunks, and every chunk
+    splits into the minibatches (so each optimizer step sees every rank's data)."""
+    r, s = cfg.rollout, cfg.schedule
+    _check(r.prompts_per_step % world_size == 0, "rollout.prompts_per_step",
+           f"{r.prompts_per_step} prompts do not split evenly over {world_size} processes")
+    share = r.prompts_per_step // world_size * r.group_size
+    chunk = r.batch_size or share
+    _check(share % chunk == 0, "rollout.batch_size",
+           f"each process's {share} sequences do not split into chunks of {chunk}")
+    _check(chunk % s.num_minibatches == 0, "schedule.num_minibatches",
+           f"a sampling chunk of {chunk} sequences (rollout.batch_size, or each process's share) does not "
+           f"split into {s.num_minibatches} minibatches")
+    per_rank_mb = share // s.num_minibatches
+    _check(s.micro_batch_size <= per_rank_mb or world_size == 1, "schedule.micro_batch_size",
+           f"{s.micro_batch_size} is larger than each process's part of a minibatch ({per_rank_mb} sequences)")
+    _check(s.micro_batch_size == 0 or per_rank_mb % s.micro_batch_size == 0, "schedule.micro_batch_size",
+           f"each process's part of a minibatch ({per_rank_mb} sequences) does not split into micro-batches "
+           f"of {s.micro_batch_size}")
+
+
 def validate(cfg: Config) -> None:
     """Cross-field rules that types cannot express. Raises one ConfigError naming the field."""
     from gspo import algo
 
     m, d, r, s = cfg.model, cfg.data, cfg.rollout, cfg.schedule
     _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"'{m.dtype}' is not float32 | bfloat16 | float16")
+    _check(m.mixed_precision in ("no", "bf16"), "model.mixed_precision", f"'{m.mixed_precision}' is not no | bf16")
+    _check(not (m.mixed_precision == "bf16" and m.dtype != "float32"), "model.mixed_precision",
+           f"bf16 mixed precision keeps fp32 master weights: set model.dtype=float32 (got {m.dtype})")
+    lc = cfg.lora
+    _check(lc.r >= 1, "lora.r", "must be >= 1")
+    _check(lc.alpha > 0, "lora.alpha", "must be > 0")
+    _check(0 <= lc.dropout < 1, "lora.dropout", "must be in [0, 1)")
+    _check(len(lc.target_modules) >= 1, "lora.target_modules", "needs at least one module name (or all-linear)")
+    dc = cfg.distributed
+    _check(dc.strategy in ("fsdp", "ddp"), "distributed.strategy", f"'{dc.strategy}' is not fsdp | ddp")
+    _check(dc.backend in ("auto", "nccl", "gloo"), "distributed.backend", f"'{dc.backend}' is not auto | nccl | gloo")
+    _check(dc.timeout_s > 0, "distributed.timeout_s", "must be > 0")
     _check(m.logprob_chunk_size >= 1, "model.logprob_chunk_size", "must be >= 1")
     _check(r.backend in ("hf", "vllm"), "rollout.backend", f"'{r.backend}' is not hf | vllm")
     _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 (got {r.group_size}): group advantages need at least two samples")
@@ -272,6 +328,7 @@ def validate(cfg: Config) -> None:
            f"{s.micro_batch_size} is larger than the minibatch ({mb} sequences)")
     _check(s.micro_batch_size == 0 or mb % s.micro_batch_size == 0, "schedule.micro_batch_size",
            f"the minibatch of {mb} sequences does not split into micro-batches of {s.micro_batch_size}")
+    validate_world(cfg, 1)
     _check(s.rollouts >= 1, "schedule.rollouts", "must be >= 1")
     _check(s.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
     _check(s.lr_schedule in ("constant", "cosine"), "schedule.lr_schedule", f"'{s.lr_schedule}' is not constant | cosine")

@@ -358,3 +358,29 @@ def naive_token_logprobs(
     targets = input_ids[:, length - t :]  # (N, T)
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T)
     return torch.where(attention_mask[:, length - t :].bool(), picked, 0.0)
+
+
+class LogprobModule(torch.nn.Module):
+    """The trainer's forward as one module: completion-token log-probs of `policy`.
+
+    Distributed wrappers (FSDP2's ``fully_shard``, DDP) hook a module's ``forward``; wrapping
+    this module, rather than the Hugging Face model, lets `token_logprobs` run the decoder body
+    and the chunked LM head directly while the wrapper still gathers and reduces the root's
+    parameters (embeddings, final norm, head). ``autocast_dtype`` runs the forward under
+    ``torch.autocast`` (bf16 compute over fp32 weights on one device or under DDP).
+    """
+
+    def __init__(self, policy, *, temperature: float = 1.0, chunk_size: int = 512,
+                 autocast_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.policy = policy
+        self.temperature = float(temperature)
+        self.chunk_size = int(chunk_size)
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int) -> torch.Tensor:
+        """(N, P+T) ids and mask → (N, T) float32 log-probs of the last `completion_len` tokens."""
+        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
+            return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
+                                  temperature=self.temperature, chunk_size=self.chunk_size)

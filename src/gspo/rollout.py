@@ -97,12 +97,25 @@ class Rollout:
         return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields})
 
 
+def chunk_seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys (run seed, rollout, row offset, ...), stable across
+    processes and Python versions (unlike hash())."""
+    import hashlib
+
+    digest = hashlib.blake2b(",".join(str(int(k)) for k in keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 @runtime_checkable
 class Generator(Protocol):
     """What the training loop needs from a sampler."""
 
-    def generate(self, prompts: list[str], group_size: int) -> Rollout:
-        """Sample `group_size` completions of each prompt; rows of a group are consecutive."""
+    def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
+                 offset: int = 0) -> Rollout:
+        """Sample `group_size` completions of each prompt; rows of a group are consecutive.
+        With `seed`, the chunk of rows starting at global row `offset + i` is sampled from
+        `chunk_seed(seed, offset + i)`, so a rollout does not depend on how rows are split
+        over processes."""
         ...
 
     def sync_weights(self, model) -> None:
@@ -170,8 +183,9 @@ class HFGenerator:
       them again would double them). Pass ``add_special_tokens=True`` for raw-text prompts to
       a model that expects the tokenizer's BOS.
     - Each prompt is repeated `group_size` times consecutively and sampled in chunks of
-      `batch_size` sequences (all at once when None), with torch's global RNG: seeding torch
-      makes a rollout reproducible (for the same batch_size).
+      `batch_size` sequences (all at once when None), with torch's global RNG, or with a
+      forked RNG seeded per chunk when `generate` gets a `seed` (then the rollout depends on
+      the seed and the chunking only, not on how rows are spread over processes).
     - generate runs with a fresh generation config holding only temperature, top-p, top-k,
       max_new_tokens and the special ids, so sampling defaults shipped with a checkpoint
       (repetition penalty, min-p, …) never act unseen: the behaviour policy is exactly
@@ -255,7 +269,8 @@ class HFGenerator:
         return completion, logp
 
 
-    def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None,
+                    offset: int = 0):
         """All N rows in chunks of `batch_size`, the model in eval mode and with a clean
         generation config (transformers would otherwise fill our unset fields from it)."""
         from transformers import GenerationConfig
@@ -270,14 +285,22 @@ class HFGenerator:
             for start in range(0, n, step):
                 ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
                 first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
-                chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+                if seed is None:
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+                    continue
+                devices = [ids.device] if ids.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(chunk_seed(seed, offset + start))
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
         finally:
             self.model.generation_config = saved_gc
             self.model.train(saved_mode)
         return chunks
 
-    def generate(self, prompts: list[str], group_size: int) -> Rollout:
-        """Sample `group_size` completions for each prompt (see the class docstring)."""
+    def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
+                 offset: int = 0) -> Rollout:
+        """Sample `group_size` completions for each prompt (see the class docstring and
+        `Generator.generate` for `seed` and `offset`)."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if not prompts:
@@ -289,7 +312,7 @@ class HFGenerator:
                 raise ValueError(f"prompt {text!r} encodes to no tokens")
         rows = [ids for ids in encoded["input_ids"] for _ in range(group_size)]  # N lists
         prompt_ids, prompt_mask = _left_pad(rows, self.pad_token_id, device)  # (N, P)
-        chunks = self._sample_all(prompt_ids, prompt_mask)
+        chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
 
         n, t = len(rows), max(c.shape[1] for c, _ in chunks)
         completion_ids = torch.full((n, t), self.pad_token_id, dtype=torch.long, device=device)

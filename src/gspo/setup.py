@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from gspo import checkpoint as ckpt
-from gspo.config import Config, ConfigError, to_yaml
+from gspo import distributed
+from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
-from gspo.models import load_policy, resolve_device, token_logprobs
+from gspo.distributed import Dist
+from gspo.models import LogprobModule, load_policy, resolve_device
 from gspo.rewards import RewardRunner, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
 from gspo.tasks import TASKS, TASK_CHARS, make_task
@@ -51,7 +53,7 @@ def seed_everything(seed: int) -> None:
 def check_writable(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
+        probe = run_dir / f".write-test-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
@@ -87,9 +89,11 @@ def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
     return train, held
 
 
-def build_policy(cfg: Config):
-    """The policy and tokenizer: the built-in tiny model, or any HF causal LM."""
+def build_policy(cfg: Config, device: torch.device | None = None):
+    """The policy and tokenizer: the built-in tiny model, or any HF causal LM; with LoRA
+    adapters when `lora.enabled` (only they are trainable)."""
     m = cfg.model
+    device = device or resolve_device(m.device)
     if m.name_or_path == "tiny":
         from gspo.tiny import build_char_tokenizer, build_tiny_model
 
@@ -97,13 +101,21 @@ def build_policy(cfg: Config):
         model = build_tiny_model(tok, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_num_layers,
                                  moe=m.tiny_moe, seed=cfg.seed,
                                  max_position_embeddings=max(128, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens))
-        model.to(resolve_device(m.device))
+        model.to(device)
     else:
-        model, tok = load_policy(m.name_or_path, dtype=m.dtype, device=m.device,
+        model, tok = load_policy(m.name_or_path, dtype=m.dtype, device=str(device),
                                  trust_remote_code=m.trust_remote_code)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+    if cfg.lora.enabled:
+        import peft
+
+        lc = cfg.lora
+        targets = list(lc.target_modules)
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, task_type="CAUSAL_LM",
+            target_modules="all-linear" if targets == ["all-linear"] else targets))
     return model, tok
 
 
@@ -124,10 +136,17 @@ def lr_lambda(cfg: Config):
 
 @dataclass
 class RunContext:
-    """What one training step needs, built once from the config."""
+    """What one training step needs, built once from the config.
+
+    `model` is the policy as transformers (or peft) built it; `trainer` is the module the loss
+    runs through (`LogprobModule` around `model`, sharded by FSDP2 or wrapped by DDP under
+    torchrun); `sampler_model` is what the generator samples from: `model` itself, or under
+    FSDP2 a full copy refreshed after every update."""
 
     cfg: Config
     model: Any
+    trainer: Any
+    sampler_model: Any
     tokenizer: Any
     generator: Any
     rewards: RewardRunner
@@ -136,53 +155,95 @@ class RunContext:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     chat: bool
+    dist: Dist
     resume_from: Path | None = None
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.dist.device
+
+    @property
+    def sharded(self) -> bool:
+        return self.dist.enabled and self.dist.strategy == "fsdp"
 
     def render(self, prompt) -> str:
         return format_prompt(prompt, self.tokenizer)
 
     def logprobs(self, part: Rollout) -> torch.Tensor:
         """Per-token log-probs of the completion tokens at the sampling temperature. (b, T)"""
-        dev = next(self.model.parameters()).device
-        return token_logprobs(self.model, part.input_ids.to(dev), part.attention_mask.to(dev),
-                              part.completion_ids.shape[1], temperature=self.cfg.rollout.temperature,
-                              chunk_size=self.cfg.model.logprob_chunk_size)
+        return self.trainer(part.input_ids.to(self.device), part.attention_mask.to(self.device),
+                            part.completion_ids.shape[1])
+
+    def sync_sampler(self) -> None:
+        """After an update: give the sampler the new weights."""
+        if self.sampler_model is not self.model:
+            full = distributed.full_state_dict(self.trainer, self.dist)
+            prefix = "policy."
+            self.sampler_model.load_state_dict({k[len(prefix):]: v for k, v in full.items()}, strict=True)
+        self.generator.sync_weights(self.sampler_model)
 
     def evaluate(self) -> dict:
-        if not self.eval_rows:
+        """Held-out metrics, computed by rank 0 alone (other ranks return {})."""
+        if not self.eval_rows or not self.dist.is_main:
             return {}
         from gspo.evaluate import evaluate
 
         e = self.cfg.eval
-        return evaluate(self.model, self.tokenizer, self.eval_rows[: e.num_prompts], self.rewards,
+        return evaluate(self.sampler_model, self.tokenizer, self.eval_rows[: e.num_prompts], self.rewards,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, pass_k=e.pass_k,
                         generator=self.generator, chat=self.chat)
 
     def save(self, state) -> Path:
+        d = self.dist
+        write = (lambda p: distributed.save_sharded(p, self.trainer, self.optimizer, d)) if self.sharded else None
         return ckpt.save_checkpoint(self.cfg.run_dir, state.step, model=self.model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, trainer_state=asdict(state),
-                                    config_text=to_yaml(self.cfg), keep_last=self.cfg.checkpoint.keep_last)
+                                    config_text=to_yaml(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
+                                    trainable_only=self.cfg.lora.enabled and not self.sharded,
+                                    comm=d if d.enabled else None, write_state=write)
 
     def restore(self, path: Path) -> dict:
-        return ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        read = (lambda p: distributed.load_sharded(p, self.trainer, self.optimizer)) if self.sharded else None
+        state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                     read_state=read, rank=self.dist.rank)
+        self.sync_sampler()
+        return state
 
     def save_final(self) -> Path:
+        """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
+        tokenizer; with LoRA also the adapters alone in final/adapter."""
         out = self.cfg.run_dir / "final"
-        self.model.save_pretrained(out, safe_serialization=True)
-        self.tokenizer.save_pretrained(out)
+        if self.dist.is_main:
+            model = self.sampler_model  # full weights on every strategy (synced after the last update)
+            if self.cfg.lora.enabled:
+                model.save_pretrained(out / "adapter", safe_serialization=True)
+                if self.cfg.lora.merge_final:
+                    model = model.merge_and_unload()  # training is over: merge in place
+            model.save_pretrained(out, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
+        self.dist.barrier()
         return out
 
     def close(self) -> None:
         self.rewards.close()
+        distributed.shutdown(self.dist)
+
+
+def _check_extras(cfg: Config) -> None:
+    if cfg.lora.enabled:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ConfigError("config field 'lora.enabled': LoRA needs peft: pip install 'gspo[lora]'") from None
 
 
 def build_context(cfg: Config) -> RunContext:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
+    d = distributed.init_distributed(cfg.distributed.strategy, resolve_device(cfg.model.device),
+                                     cfg.distributed.backend, cfg.distributed.timeout_s)
+    validate_world(cfg, d.world_size)                                    # world size
+    _check_extras(cfg)                                                   # optional packages
     run_dir = cfg.run_dir
     check_writable(run_dir)                                              # output dir
     specs = reward_specs(cfg)
@@ -192,33 +253,43 @@ def build_context(cfg: Config) -> RunContext:
     if resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
         raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
                           f"continue it with resume=auto, or choose another output.name")
+    d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list)
     seed_everything(cfg.seed)
-    model, tok = build_policy(cfg)                                       # model
+    model, tok = build_policy(cfg, d.device)                              # model
     rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens)
     eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens) if eval_rows else ([], 0)
-    if dropped:
+    if dropped and d.is_main:
         print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
               file=sys.stderr)
     if not rows:
         raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
                         f"{cfg.data.max_prompt_tokens}")
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    sampler = PromptSampler(rows, cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle)
+    if d.is_main:
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
+    sampler = PromptSampler(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
+                            rank=d.rank, world_size=d.world_size)
     if r.backend == "vllm":
         raise ConfigError("config field 'rollout.backend': vllm is not available in this build yet; use hf")
-    generator = HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+    mp = cfg.model.mixed_precision == "bf16"
+    sampler_model = distributed.sampler_copy(model, d) or model
+    autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
+    trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
+                            autocast_dtype=autocast)
+    trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
+                                            reshard_after_forward=cfg.distributed.reshard_after_forward)
+    generator = HFGenerator(sampler_model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                             max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None)
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in trainer.parameters() if p.requires_grad]
     o = cfg.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps,
                                   weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
                           num_workers=cfg.rewards.num_workers)
-    return RunContext(cfg=cfg, model=model, tokenizer=tok, generator=generator, rewards=runner, sampler=sampler,
-                      eval_rows=eval_rows, optimizer=optimizer, scheduler=scheduler, chat=chat,
-                      resume_from=resume_from)
+    return RunContext(cfg=cfg, model=model, trainer=trainer, sampler_model=sampler_model, tokenizer=tok,
+                      generator=generator, rewards=runner, sampler=sampler, eval_rows=eval_rows,
+                      optimizer=optimizer, scheduler=scheduler, chat=chat, dist=d, resume_from=resume_from)

@@ -17,7 +17,7 @@ from gspo import algo, faults
 from gspo.config import Config
 from gspo.setup import RunContext, build_context
 from gspo.metrics import Console, JsonlWriter, truncate_metrics, write_completions
-from gspo.rollout import Rollout
+from gspo.rollout import Rollout, chunk_seed
 
 
 class TrainingError(RuntimeError):
@@ -79,17 +79,39 @@ def mismatch_metrics(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mas
             "mismatch/kl": (torch.exp(-d) - 1 + d).mean().item()}
 
 
+def minibatches(ctx: RunContext, rollout_index: int, n_local: int) -> list[torch.Tensor]:
+    """Local row indices of each of the `num_minibatches` optimizer steps (paper §5.1).
+
+    Every sampling chunk (rollout.batch_size rows, or the process's share) is shuffled with a
+    seed made from the run seed, the rollout and the chunk's global position, and deals an equal
+    part to every minibatch. The global minibatch is the union over processes, and is the same
+    for any number of processes when rollout.batch_size is set."""
+    cfg, d = ctx.cfg, ctx.dist
+    M = cfg.schedule.num_minibatches
+    chunk = cfg.rollout.batch_size or n_local
+    parts: list[list[torch.Tensor]] = [[] for _ in range(M)]
+    for start in range(0, n_local, chunk):
+        g = torch.Generator().manual_seed(chunk_seed(cfg.seed, rollout_index, d.rank * n_local + start, 1))
+        perm = torch.randperm(chunk, generator=g) + start
+        for k, piece in enumerate(perm.split(chunk // M)):
+            parts[k].append(piece)
+    return [torch.cat(p) for p in parts]
+
+
 def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch.Tensor,
            state: TrainerState) -> list[dict]:
-    """Split the rollout into `num_minibatches` optimizer steps (paper §5.1); returns per-step metrics."""
-    cfg = ctx.cfg
-    N = rollout.num_samples
-    M = cfg.schedule.num_minibatches
-    perm = torch.randperm(N)  # seeded by the global torch RNG, so resumes are exact
+    """`num_minibatches` optimizer steps on the rollout; returns per-step metrics (all ranks)."""
+    cfg, d = ctx.cfg, ctx.dist
+    token_mean = cfg.algo.aggregation == "token-mean"
     out = []
-    for mb_idx in perm.split(N // M):
+    for mb_idx in minibatches(ctx, state.rollout, rollout.num_samples):
         t0 = time.perf_counter()
-        mb_tokens = rollout.completion_mask[mb_idx].sum().clamp(min=1)
+        # The wrappers average gradients over ranks, so each rank's loss is its share of the
+        # global minibatch loss times world_size: sequence means need equal row counts (they
+        # are), token means the global token count.
+        mb_tokens = rollout.completion_mask[mb_idx].sum().item()
+        if token_mean:
+            mb_tokens = d.all_reduce([mb_tokens])[0]
         micro = cfg.schedule.micro_batch_size or len(mb_idx)
         sums: dict[str, float] = {}
         loss_total = 0.0
@@ -103,8 +125,8 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 max_log_ratio=cfg.algo.max_log_ratio,
                 max_len=cfg.rollout.max_new_tokens if cfg.algo.aggregation == "seq-mean-token-sum-norm" else None)
             # the minibatch loss is the mean over its sequences (or its tokens, for token-mean)
-            if cfg.algo.aggregation == "token-mean":
-                w = (part.completion_mask.sum() / mb_tokens).item()
+            if token_mean:
+                w = part.completion_mask.sum().item() / max(mb_tokens, 1) * d.world_size
             else:
                 w = len(mi) / len(mb_idx)
             if faults.nan_loss(state.step + 1):  # tests only
@@ -114,8 +136,8 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v * w
         grad_norm = _grad_norm(ctx)
-        metrics = dict(sums)
-        metrics["loss"] = loss_total
+        metrics = d.reduce_metrics({**sums, "loss": loss_total})  # one decision on every rank
+        loss_total = metrics["loss"]
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = ctx.scheduler.get_last_lr()[0]
         if math.isfinite(loss_total) and math.isfinite(grad_norm):
@@ -124,8 +146,9 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         else:
             state.bad_steps += 1
             state.skipped_steps += 1
-            warnings.warn(f"step {state.step + 1}: non-finite loss ({loss_total}) or gradient norm ({grad_norm}); "
-                          f"step skipped ({state.bad_steps} in a row)")
+            if d.is_main:
+                warnings.warn(f"step {state.step + 1}: non-finite loss ({loss_total}) or gradient norm "
+                              f"({grad_norm}); step skipped ({state.bad_steps} in a row)")
         ctx.optimizer.zero_grad(set_to_none=True)
         ctx.scheduler.step()
         state.step += 1
@@ -138,25 +161,33 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
 
 
 def _grad_norm(ctx: RunContext) -> float:
-    params = [p for p in ctx.model.parameters() if p.grad is not None]
+    """Global gradient norm (clipped to optim.max_grad_norm); sharded grads are reduced."""
+    params = [p for p in ctx.trainer.parameters() if p.grad is not None]
     if not params:
         return 0.0
     max_norm = ctx.cfg.optim.max_grad_norm or float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+        norm = norm.full_tensor()
+    return float(norm)
 
 
-def rollout_metrics(rollout: Rollout, rewards, adv_stats: dict) -> dict:
-    r = rewards.rewards
+def rollout_metrics(ctx: RunContext, rollout: Rollout, rewards, adv_stats: dict) -> dict:
+    """Rollout-level metrics over the global batch (every rank's rows)."""
+    d = ctx.dist
+    r = d.all_gather(rewards.rewards.float().cpu())
     valid = r[~torch.isnan(r)]
-    lengths = rollout.completion_lengths.float()
-    m = {"reward/mean": valid.mean().item() if len(valid) else float("nan"),
-         "reward/std": valid.std().item() if len(valid) > 1 else float("nan"),
-         "completion/len_mean": lengths.mean().item(),
-         "completion/len_max": lengths.max().item(),
-         "completion/truncated_frac": sum(f == "length" for f in rollout.finish_reason) / rollout.num_samples,
-         "completion/empty_frac": (lengths == 0).float().mean().item()}
-    m.update(rewards.stats)
-    m.update(adv_stats)
+    lengths = d.all_gather(rollout.completion_lengths.float().cpu())
+    truncated = torch.tensor([f == "length" for f in rollout.finish_reason], dtype=torch.float32)
+    local = dict(rewards.stats)
+    local.update(adv_stats)
+    local["completion/truncated_frac"] = truncated.mean().item()
+    m = d.reduce_metrics(local, sums=("reward/errors", "reward/timeouts", "reward/missing"))
+    m.update({"reward/mean": valid.mean().item() if len(valid) else float("nan"),
+              "reward/std": valid.std(unbiased=False).item() if len(valid) > 1 else float("nan"),
+              "completion/len_mean": lengths.mean().item(),
+              "completion/len_max": lengths.max().item(),
+              "completion/empty_frac": (lengths == 0).float().mean().item()})
     return m
 
 
@@ -201,31 +232,36 @@ class _StopRequest:
 def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
     """Run GSPO as configured; returns the run directory (with `final/` in HF format)."""
     ctx = ctx or build_context(cfg)
+    d = ctx.dist
     state = TrainerState()
     run_dir = cfg.run_dir
     if ctx.resume_from is not None:
         state = TrainerState(**ctx.restore(ctx.resume_from))
         if state.finished:
-            print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
+            if d.is_main:
+                print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
             ctx.close()
             return run_dir
         ctx.sampler.load_state_dict(state.sampler)
-        truncate_metrics(run_dir / "metrics.jsonl", state.step)
-        print(f"resumed from {ctx.resume_from} (rollout {state.rollout}, step {state.step})")
-    writer = JsonlWriter(run_dir / "metrics.jsonl")
+        if d.is_main:
+            truncate_metrics(run_dir / "metrics.jsonl", state.step)
+            print(f"resumed from {ctx.resume_from} (rollout {state.rollout}, step {state.step})")
+    writer = JsonlWriter(run_dir / "metrics.jsonl") if d.is_main else None  # rank 0 logs
     total = cfg.schedule.rollouts
-    console = Console(total, state.rollout, enabled=cfg.logging.console)
+    console = Console(total, state.rollout, enabled=cfg.logging.console and d.is_main)
     eval_metrics = {}
     try:
         with _StopRequest() as stop:
-            if state.rollout == 0 and cfg.eval.enabled:
+            if state.rollout == 0 and cfg.eval.enabled and writer:
                 writer.write({"step": 0, "rollout": 0, **ctx.evaluate()})  # the starting point
             while state.rollout < total:
                 t_step = time.perf_counter()
                 batch = ctx.sampler.next_batch()                                    # 1. B prompts
                 t0 = time.perf_counter()
-                rollout = ctx.generator.generate([ctx.render(r["prompt"]) for r in batch],
-                                                 cfg.rollout.group_size).to(ctx.device)  # 2. B*G completions
+                n_local = len(batch) * cfg.rollout.group_size
+                rollout = ctx.generator.generate(                                   # 2. B*G completions
+                    [ctx.render(r["prompt"]) for r in batch], cfg.rollout.group_size,
+                    seed=chunk_seed(cfg.seed, state.rollout), offset=d.rank * n_local).to(ctx.device)
                 t_gen = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 rewards = score(ctx, batch, rollout)                                # 3. rewards
@@ -236,11 +272,12 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 t0 = time.perf_counter()
                 old_logp = old_logprobs(ctx, rollout)                               # 5. pi_old
                 t_old = time.perf_counter() - t0
-                common = rollout_metrics(rollout, rewards, adv_stats)
+                common = rollout_metrics(ctx, rollout, rewards, adv_stats)
                 if cfg.rollout.old_logp == "trainer":
-                    common.update(mismatch_metrics(rollout.sampler_logp, old_logp, rollout.completion_mask))
+                    common.update(d.reduce_metrics(
+                        mismatch_metrics(rollout.sampler_logp, old_logp, rollout.completion_mask)))
                 steps = update(ctx, rollout, old_logp, adv, state)                  # 6. minibatch updates
-                ctx.generator.sync_weights(ctx.model)                               # 7. sync
+                ctx.sync_sampler()                                                  # 7. sync
                 state.rollout += 1
                 state.sampler = ctx.sampler.state_dict()
                 if cfg.eval.enabled and cfg.eval.every and state.rollout % cfg.eval.every == 0 \
@@ -249,7 +286,7 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 elif state.rollout == total and cfg.eval.enabled:
                     eval_metrics = ctx.evaluate()
                 dt = time.perf_counter() - t_step
-                n_tokens = int(rollout.completion_mask.sum())
+                n_tokens = int(d.all_reduce([float(rollout.completion_mask.sum())])[0])
                 common.update({"rollout": state.rollout, "time/generate": t_gen, "time/score": t_score,
                                "time/old_logp": t_old, "time/step": dt, "tokens_per_s": n_tokens / dt})
                 first = state.step - len(steps) + 1
@@ -257,18 +294,21 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                     rec = {"step": first + i, **common, **m}
                     if i == len(steps) - 1:
                         rec.update(eval_metrics)
-                    writer.write(rec)
+                    if writer:
+                        writer.write(rec)
                 console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
                 eval_metrics = {}
-                _log_completions(ctx, console, state, rollout, rewards, adv)
+                if d.is_main:
+                    _log_completions(ctx, console, state, rollout, rewards, adv)
+                stop_now = d.all_reduce([float(stop.signum or 0)], "max")[0]  # a signal on any rank stops all
                 if state.bad_steps >= cfg.checkpoint.max_bad_steps:
                     ctx.save(state)
                     raise TrainingError(
                         f"{state.bad_steps} optimizer steps in a row had a non-finite loss or gradient norm; "
                         f"stopped and saved the last good state in {run_dir / 'checkpoints'}")
-                if stop.signum is not None:
+                if stop_now:
                     ctx.save(state)
-                    console.print(f"stopped by signal {stop.signum} after rollout {state.rollout}; "
+                    console.print(f"stopped by signal {int(stop_now)} after rollout {state.rollout}; "
                                   f"resume with resume=auto")
                     return run_dir
                 if cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0 and state.rollout < total:
@@ -279,7 +319,8 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
             ctx.save_final()
     finally:
         console.close()
-        writer.close()
+        if writer:
+            writer.close()
         ctx.close()
     return run_dir
 
