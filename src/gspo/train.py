@@ -133,8 +133,9 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
+            share = len(mi) / len(mb_idx)  # metrics: sequence-weighted means over micro-batches and ranks
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v * w
+                sums[k] = sums.get(k, 0.0) + v * share
         grad_norm = _grad_norm(ctx)
         metrics = d.reduce_metrics({**sums, "loss": loss_total})  # one decision on every rank
         loss_total = metrics["loss"]
