@@ -33,7 +33,9 @@ with checkpointing, plus one layer's recomputation), the logits, the parameter g
 (which stay after the step) and the autograd graph. The measured step is the FIRST step of
 the process, with no warm-up: one-time costs (thread pools, kernel workspaces, and for the
 chunked path its one-off check that the LM head reproduces ``model(...).logits`` on 16
-tokens) are inside the figure. Wall time is that step's forward + loss + backward.
+tokens) are inside the figure. Wall time is that step's forward + loss + backward, one sample,
+taken under the same MALLOC_MMAP_THRESHOLD_ (every large allocation faults in fresh pages, so
+on CPU it is somewhat pessimistic, and noisy on a shared machine).
 
 Agreement. Each worker saves its loss, its (N, T) log-probs and the gradients of a few
 parameters (the tied embedding / LM head, the first layer's q_proj, the last layer's
@@ -46,7 +48,7 @@ the loss value depends on the noise and the advantages, hardly on logp itself.
     python bench/model_memory.py --batch 4 --json out.json
     python bench/model_memory.py --dtype bfloat16 --device cuda
     python bench/model_memory.py --layers 2 --hidden 64 --vocab 1000 --batch 2 \\
-        --prompt-len 16 --completion-len 16                 # tiny, a few seconds
+        --prompt-len 16 --completion-len 16                 # tiny, ~10 s (imports)
 
 The exit status is 1 when the two paths disagree.
 """

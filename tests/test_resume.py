@@ -25,12 +25,17 @@ TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompt
         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
         "schedule.rollouts=4", "schedule.num_minibatches=2", "eval.num_prompts=4", "eval.every=3",
         "logging.console=false", "logging.completions_every=1", "checkpoint.every=1", "checkpoint.keep_last=10",
-        "rollout.temperature=1.5"]
+        "rollout.temperature=1.5", "optim.lr=1e-3",
+        "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]  # a reward a random model can move
+
+
+def _env(faults: str = "") -> dict:
+    path = os.pathsep.join(x for x in [str(TESTS), os.environ.get("PYTHONPATH", "")] if x)
+    return {**os.environ, "GSPO_FAULTS": faults, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path}
 
 
 def gspo_train(tmp_path: Path, name: str, *extra: str, faults: str = "", check: bool = True):
-    path = os.pathsep.join(x for x in [str(TESTS), os.environ.get("PYTHONPATH", "")] if x)
-    env = {**os.environ, "GSPO_FAULTS": faults, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path}
+    env = _env(faults)
     cmd = [sys.executable, "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", f"output.name={name}", *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if check:
@@ -126,7 +131,7 @@ def test_corrupt_checkpoints_are_skipped_or_fatal(tmp_path):
 
 
 def test_sigterm_checkpoints_and_resumes(tmp_path):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    env = _env()
     cmd = [sys.executable, "-m", "gspo", "train", *TINY, "schedule.rollouts=200", "checkpoint.every=0",
            f"output.dir={tmp_path}", "output.name=run"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -234,3 +234,21 @@ def test_pad_equal_to_eos(model):
         assert (r.completion_ids[i, k:] == eos).all() and not r.completion_mask[i, k:].any()
         assert (r.completion_ids[i, : k - 1] != eos).all()
     assert (r.prompt_ids[r.prompt_mask == 0] == eos).all()
+
+
+def test_seeded_chunks_do_not_depend_on_the_split(model, tok):
+    """With a seed, rows [8, 16) sampled as the second half of one call (chunks of 8) or alone
+    at offset 8 (as a second process would) are the same; the global RNG is left alone."""
+    gen = HFGenerator(model, tok, max_new_tokens=8, batch_size=8)
+    prompts = ["user: 1+2\nassistant: ", "ab", "user: 9*9=\nassistant: ", "xy"]
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    whole = gen.generate(prompts, 4, seed=77)
+    assert torch.equal(torch.get_rng_state(), before)
+    second = gen.generate(prompts[2:], 4, seed=77, offset=8)
+    t = second.completion_ids.shape[1]
+    assert torch.equal(whole.completion_ids[8:, :t], second.completion_ids)
+    assert whole.completions[8:] == second.completions
+    torch.testing.assert_close(whole.sampler_logp[8:, :t], second.sampler_logp)
+    other = gen.generate(prompts, 4, seed=78)
+    assert other.completions != whole.completions

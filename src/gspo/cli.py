@@ -36,7 +36,8 @@ def cmd_train(args) -> int:
         config, overrides = None, [config, *overrides]  # no config file, only overrides
     cfg = load_config(config, overrides)
     run_dir = train(cfg)
-    print(f"run directory: {run_dir}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
+        print(f"run directory: {run_dir}")
     return 0
 
 

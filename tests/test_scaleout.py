@@ -1,0 +1,90 @@
+"""In-process pieces of the scale-out work: world-size rules, minibatch dealing across ranks,
+LoRA end to end, bf16 autocast log-probs. (torchrun runs are in test_distributed.py.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gspo.config import ConfigError, load_config, validate_world
+from gspo.distributed import Dist
+from gspo.models import LogprobModule
+from gspo.tiny import build_char_tokenizer, build_tiny_model
+from gspo.train import minibatches, train
+
+
+@pytest.mark.parametrize("overrides, world, field", [
+    (["rollout.prompts_per_step=6"], 4, "rollout.prompts_per_step"),
+    (["rollout.prompts_per_step=6", "rollout.group_size=4", "rollout.batch_size=8"], 2, "rollout.batch_size"),
+    (["rollout.prompts_per_step=2", "rollout.group_size=2", "schedule.num_minibatches=4"], 2, "schedule.num_minibatches"),
+    (["rollout.prompts_per_step=4", "rollout.group_size=4", "schedule.num_minibatches=2",
+      "schedule.micro_batch_size=8"], 2, "schedule.micro_batch_size"),
+])
+def test_world_size_rules_name_the_field(overrides, world, field):
+    cfg = load_config(None, overrides)  # fine for one process
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate_world(cfg, world)
+
+
+def _ctx(world: int, rank: int, batch_size: int, M: int = 2):
+    cfg = SimpleNamespace(seed=5, rollout=SimpleNamespace(batch_size=batch_size),
+                          schedule=SimpleNamespace(num_minibatches=M))
+    return SimpleNamespace(cfg=cfg, dist=Dist(rank=rank, world_size=world))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_minibatches_union_over_ranks_is_the_one_process_minibatch(world):
+    n, chunk = 32, 8
+    one = minibatches(_ctx(1, 0, chunk), 3, n)
+    share = n // world
+    for k in range(2):
+        ranks = [minibatches(_ctx(world, r, chunk), 3, share)[k] + r * share for r in range(world)]
+        assert sorted(torch.cat(ranks).tolist()) == sorted(one[k].tolist())
+    assert sorted(torch.cat(one).tolist()) == list(range(n))  # every row once per rollout
+    assert minibatches(_ctx(1, 0, chunk), 4, n)[0].tolist() != one[0].tolist()  # reshuffled per rollout
+
+
+def test_logprob_module_bf16_autocast_close_to_fp32():
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    ids = torch.randint(4, len(tok), (3, 12))
+    mask = torch.ones_like(ids)
+    fp32 = LogprobModule(model)(ids, mask, 6)
+    bf16 = LogprobModule(model, autocast_dtype=torch.bfloat16)(ids, mask, 6)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)  # it really ran in bf16
+    torch.testing.assert_close(bf16, fp32, atol=0.05, rtol=0.02)
+
+
+TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8", "data.eval_num_prompts=8",
+        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.temperature=1.5",
+        "schedule.rollouts=2", "schedule.num_minibatches=2", "eval.num_prompts=4", "logging.console=false",
+        "optim.lr=1e-2", "checkpoint.every=1", "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]
+
+
+def test_lora_end_to_end(tmp_path):
+    """Only adapters train and are checkpointed; final/adapter holds them; final/ is the merged
+    model, which transformers reloads and which computes what base + adapters compute."""
+    import peft
+    import transformers
+
+    run = train(load_config(None, [*TINY, "lora.enabled=true", "lora.r=4", f"output.dir={tmp_path}"]))
+    ck = load_file(run / "checkpoints" / "step-4" / "model.safetensors")
+    assert ck and all("lora_" in k for k in ck)
+    assert any(v.abs().max() > 0 for k, v in ck.items() if "lora_B" in k)  # the adapters moved
+
+    tok = transformers.AutoTokenizer.from_pretrained(run / "final")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(run / "final")
+    base = build_tiny_model(build_char_tokenizer("".join(sorted(__import__("gspo.tasks").tasks.TASK_CHARS))),
+                            hidden_size=32, num_layers=1, seed=0, max_position_embeddings=516)
+    adapted = peft.PeftModel.from_pretrained(base, run / "final" / "adapter")
+    ids = torch.tensor([tok("12+3=")["input_ids"]])
+    with torch.no_grad():
+        a, b = merged(ids).logits, adapted(ids).logits
+        plain = adapted.get_base_model()
+        with adapted.disable_adapter():
+            c = plain(ids).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert (a - c).abs().max() > 1e-4  # merged differs from the untrained base
