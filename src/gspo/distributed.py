@@ -38,10 +38,11 @@ class Dist:
     local_rank: int = 0
     strategy: str = "none"  # none | fsdp | ddp
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    launched: bool = False  # started by torchrun (a process group exists, even of one process)
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        return self.launched or self.world_size > 1
 
     @property
     def is_main(self) -> bool:
@@ -109,10 +110,11 @@ class Dist:
 def init_distributed(strategy: str, device: torch.device, backend: str = "auto",
                      timeout_s: float = 1800.0) -> Dist:
     """Join the torchrun job described by the environment (WORLD_SIZE, RANK, LOCAL_RANK,
-    MASTER_ADDR/PORT); a single process when WORLD_SIZE is unset or 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    MASTER_ADDR/PORT). Without torchrun: one plain process. Under torchrun even one process
+    runs the distributed path (e.g. FSDP2's mixed-precision policy on one GPU)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return Dist(device=device)
+    world = int(os.environ["WORLD_SIZE"])
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -122,7 +124,8 @@ def init_distributed(strategy: str, device: torch.device, backend: str = "auto",
     if not dist.is_initialized():
         kw = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
-    return Dist(rank=rank, world_size=world, local_rank=local_rank, strategy=strategy, device=device)
+    return Dist(rank=rank, world_size=world, local_rank=local_rank, strategy=strategy, device=device,
+                launched=True)
 
 
 def shutdown(d: Dist) -> None:

@@ -287,8 +287,9 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 elif state.rollout == total and cfg.eval.enabled:
                     eval_metrics = ctx.evaluate()
                 dt = time.perf_counter() - t_step
-                n_tokens = int(d.all_reduce([float(rollout.completion_mask.sum())])[0])
-                common.update({"rollout": state.rollout, "time/generate": t_gen, "time/score": t_score,
+                n_tokens, n_all = (int(x) for x in d.all_reduce(
+                    [float(rollout.completion_mask.sum()), float(rollout.attention_mask.sum())]))
+                common.update({"tokens/completion": n_tokens, "tokens/total": n_all, "rollout": state.rollout, "time/generate": t_gen, "time/score": t_score,
                                "time/old_logp": t_old, "time/step": dt, "tokens_per_s": n_tokens / dt})
                 first = state.step - len(steps) + 1
                 for i, m in enumerate(steps):                                       # 8. log
