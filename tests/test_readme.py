@@ -23,6 +23,8 @@ SHRINK = {
                    "schedule.rollouts=2", "eval.num_prompts=8", "logging.console=false"],
     "gspo eval": [],
     "gspo report": [],
+    "torchrun": ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "rollout.prompts_per_step=4",
+                 "rollout.batch_size=16", "schedule.rollouts=2", "eval.num_prompts=8", "logging.console=false"],
 }
 
 
@@ -58,7 +60,13 @@ def test_setup_is_two_commands_that_take_the_cpu_wheel():
 def run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
     g = gspo_part(cmd)
     key = next(k for k in SHRINK if g.startswith(k))
-    argv = [sys.executable, "-m", "gspo", *shlex.split(g)[1:], *SHRINK[key]]
+    words = shlex.split(g)
+    if key == "torchrun":  # torchrun OPTIONS -m gspo ARGS; --standalone picks a free port
+        at = words.index("-m")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:at], *words[at:],
+                *SHRINK[key]]
+    else:
+        argv = [sys.executable, "-m", "gspo", *words[1:], *SHRINK[key]]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (cmd, p.stderr[-3000:])
@@ -73,7 +81,7 @@ def workdir(tmp_path_factory):
 
 
 def test_readme_commands_run(workdir):
-    cmds = [c for c in readme_commands() if "gspo " in gspo_part(c) + " "]
+    cmds = [c for c in readme_commands() if "gspo " in gspo_part(c) + " " or gspo_part(c).startswith("torchrun")]
     demo = [c for c in cmds if gspo_part(c).startswith("gspo demo")]
     rest = [c for c in cmds if c not in demo]
     for c in demo + rest:  # the demo first: eval and report read its output
