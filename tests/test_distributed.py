@@ -147,10 +147,11 @@ def test_world_size_must_divide_the_batch(tmp_path):
 
 
 def test_lora_under_fsdp_with_bf16_matches_one_process(tmp_path):
-    """LoRA + FSDP2 + bf16 mixed precision runs on 2 ranks; the fp32 LoRA runs on 1 and 2 ranks agree."""
+    """The fp32 LoRA runs on 1 and 2 ranks agree; LoRA + FSDP2 + bf16 + gradient checkpointing runs."""
     one = train(tmp_path, "lora1", "lora.enabled=true")
     two = train(tmp_path, "lora2", "lora.enabled=true", nproc=2)
     assert max_diff(final(one), final(two)) <= TOL
     assert (two / "final" / "adapter" / "adapter_model.safetensors").is_file()
-    mp = train(tmp_path, "lora_bf16", "lora.enabled=true", "model.mixed_precision=bf16", "schedule.rollouts=1", nproc=2)
+    mp = train(tmp_path, "lora_bf16", "lora.enabled=true", "model.mixed_precision=bf16",
+               "model.gradient_checkpointing=true", "schedule.rollouts=1", nproc=2)
     assert (mp / "final" / "model.safetensors").is_file()

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from gspo.cli import main
 from gspo.config import ConfigError, field_docs, load_config
