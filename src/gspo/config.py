@@ -152,6 +152,7 @@ class LoggingConfig:
     completions_every: int = doc(10, "write sampled completions to completions/ every N rollouts (0 = never)")
     table_every: int = doc(10, "print a table of sample completions every N rollouts (0 = never)")
     table_rows: int = doc(4, "rows in the console completions table")
+    routing_per_layer: bool = doc(False, "MoE: also log routing/changed_frac for every layer")
 
 
 @dataclass
@@ -347,6 +348,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
            f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
+    _check(not (a.routing_replay and r.old_logp != "trainer"), "algo.routing_replay",
+           "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer")
     rw = cfg.rewards
     _check(rw.on_error in ("raise", "skip", "zero"), "rewards.on_error", f"'{rw.on_error}' is not raise | skip | zero")
     _check(rw.timeout_s > 0, "rewards.timeout_s", "must be > 0")

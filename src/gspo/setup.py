@@ -26,6 +26,7 @@ from gspo.distributed import Dist
 from gspo.models import LogprobModule, load_policy, resolve_device
 from gspo.rewards import RewardRunner, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
+from gspo.routing import RouteTracker
 from gspo.tasks import TASKS, TASK_CHARS, make_task
 
 
@@ -156,6 +157,7 @@ class RunContext:
     scheduler: Any
     chat: bool
     dist: Dist
+    routes: Any = None  # gspo.routing.RouteTracker on a MoE model
     resume_from: Path | None = None
 
     @property
@@ -226,6 +228,8 @@ class RunContext:
 
     def close(self) -> None:
         self.rewards.close()
+        if self.routes is not None:
+            self.routes.close()
         distributed.shutdown(self.dist)
 
 
@@ -276,6 +280,9 @@ def build_context(cfg: Config) -> RunContext:
         raise ConfigError("config field 'rollout.backend': vllm is not available in this build yet; use hf")
     mp = cfg.model.mixed_precision == "bf16"
     sampler_model = distributed.sampler_copy(model, d) or model
+    routes = RouteTracker(model)  # hooks on the trainer's routers (not the sampler copy's)
+    if cfg.algo.routing_replay and not routes.active:
+        raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
                             autocast_dtype=autocast)
@@ -292,4 +299,5 @@ def build_context(cfg: Config) -> RunContext:
                           num_workers=cfg.rewards.num_workers)
     return RunContext(cfg=cfg, model=model, trainer=trainer, sampler_model=sampler_model, tokenizer=tok,
                       generator=generator, rewards=runner, sampler=sampler, eval_rows=eval_rows,
-                      optimizer=optimizer, scheduler=scheduler, chat=chat, dist=d, resume_from=resume_from)
+                      optimizer=optimizer, scheduler=scheduler, chat=chat, dist=d,
+                      routes=routes if routes.active else None, resume_from=resume_from)

@@ -51,16 +51,30 @@ def score(ctx: RunContext, batch: list[dict], rollout: Rollout):
     return ctx.rewards.score(prompts, completions, columns)
 
 
+def trainer_logprobs(ctx: RunContext, rollout: Rollout, idx: torch.Tensor, mode: str):
+    """The rows `idx` of the rollout (trimmed) and their trainer log-probs (b, T_part). On a MoE
+    model the routers' choices are recorded (`mode="capture"`, the π_old pass) or compared with
+    the recorded ones, and replayed when `algo.routing_replay` (`mode="compare"`)."""
+    part = rollout.select(idx)
+    if ctx.routes is None:
+        return part, ctx.logprobs(part)
+    off = rollout.prompt_ids.shape[1] - part.prompt_ids.shape[1]  # columns trimmed on the left
+    with ctx.routes.forward(mode, idx, off, part.attention_mask.to(ctx.device),
+                            replay=mode == "compare" and ctx.cfg.algo.routing_replay):
+        return part, ctx.logprobs(part)
+
+
 @torch.no_grad()
 def old_logprobs(ctx: RunContext, rollout: Rollout) -> torch.Tensor:
     """pi_old per token: the sampler's log-probs (paper §5.4) or one no-grad trainer pass."""
+    if ctx.routes is not None:
+        ctx.routes.reset(rollout.num_samples, rollout.input_ids.shape[1], ctx.device)
     if ctx.cfg.rollout.old_logp == "sampler":
         return rollout.sampler_logp
     out = []
     mbs = ctx.cfg.schedule.micro_batch_size or rollout.num_samples
     for idx in torch.arange(rollout.num_samples).split(mbs):
-        part = rollout.select(idx)
-        lp = ctx.logprobs(part)  # (b, T_part)
+        _, lp = trainer_logprobs(ctx, rollout, idx, "capture")  # (b, T_part)
         out.append(torch.nn.functional.pad(lp, (0, rollout.completion_ids.shape[1] - lp.shape[1])))
     return torch.cat(out)  # (N, T)
 
@@ -98,13 +112,21 @@ def minibatches(ctx: RunContext, rollout_index: int, n_local: int) -> list[torch
     return [torch.cat(p) for p in parts]
 
 
+def _mismatch_parts(gaps: list) -> dict:
+    """mismatch_metrics over micro-batches of different widths (padded to the widest)."""
+    t = max(g[0].shape[1] for g in gaps)
+    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]))  # noqa: E731
+    return mismatch_metrics(*(torch.cat([pad(g[j]) for g in gaps]) for j in range(3)))
+
+
 def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch.Tensor,
            state: TrainerState) -> list[dict]:
     """`num_minibatches` optimizer steps on the rollout; returns per-step metrics (all ranks)."""
     cfg, d = ctx.cfg, ctx.dist
     token_mean = cfg.algo.aggregation == "token-mean"
+    sampler_pi_old = cfg.rollout.old_logp == "sampler"
     out = []
-    for mb_idx in minibatches(ctx, state.rollout, rollout.num_samples):
+    for step_in_rollout, mb_idx in enumerate(minibatches(ctx, state.rollout, rollout.num_samples)):
         t0 = time.perf_counter()
         # The wrappers average gradients over ranks, so each rank's loss is its share of the
         # global minibatch loss times world_size: sequence means need equal row counts (they
@@ -115,10 +137,12 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         micro = cfg.schedule.micro_batch_size or len(mb_idx)
         sums: dict[str, float] = {}
         loss_total = 0.0
+        gaps = []
         for mi in mb_idx.split(micro):
-            part = rollout.select(mi)
+            part, logp = trainer_logprobs(ctx, rollout, mi, "compare")  # (b, T)
             T = part.completion_ids.shape[1]
-            logp = ctx.logprobs(part)  # (b, T)
+            if sampler_pi_old and step_in_rollout == 0:  # π_θ = π_old here: the sampler-trainer gap
+                gaps.append((part.sampler_logp, logp.detach(), part.completion_mask))
             loss, m = algo.policy_loss(
                 logp, old_logp[mi, :T], adv[mi], part.completion_mask, level=cfg.algo.level,
                 eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high, aggregation=cfg.algo.aggregation,
@@ -137,6 +161,10 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v * share
         grad_norm = _grad_norm(ctx)
+        if gaps:
+            sums.update(_mismatch_parts(gaps))
+        if ctx.routes is not None:
+            sums.update(ctx.routes.take_metrics(per_layer=cfg.logging.routing_per_layer))
         metrics = d.reduce_metrics({**sums, "loss": loss_total})  # one decision on every rank
         loss_total = metrics["loss"]
         metrics["grad_norm"] = grad_norm
@@ -158,6 +186,10 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         out.append(metrics)
         if state.bad_steps >= cfg.checkpoint.max_bad_steps:
             break
+    if sampler_pi_old:  # the gap measured on the first (on-policy) minibatch describes the rollout
+        gap = {k: v for k, v in out[0].items() if k.startswith("mismatch/")}
+        for m in out[1:]:
+            m.update(gap)
     return out
 
 

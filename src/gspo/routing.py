@@ -1,0 +1,142 @@
+"""Mixture-of-Experts routing: record which experts each token uses, measure how many change
+between π_old and π_θ, and Routing Replay.
+
+GSPO's stability claim on MoE models (paper §2.3 / §5.3) is that about 10% of routes change
+after one gradient update, which moves GRPO's token ratios but barely moves GSPO's sequence
+ratio. `RouteTracker` makes that measurable on any Hugging Face MoE whose routers follow
+transformers' `*TopKRouter` contract (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and ~25 others):
+``router(h) -> (logits (n, E), scores (n, k), indices (n, k))``.
+
+- `capture`: the π_old pass records each real token's top-k experts per MoE layer, in rollout
+  coordinates (row, column of ``[prompt | completion]``), so that any later micro-batch split
+  finds the same token's routes.
+- `compare`: in the update pass, each token's natural top-k under π_θ is compared with π_old's;
+  ``routing/changed_frac`` is the fraction of (token, layer, k) choices that differ (top-k sets,
+  order ignored), with a per-layer breakdown.
+- `replay` (``algo.routing_replay``): the update pass uses π_old's experts for every token; the
+  gate weights of those experts are recomputed from π_θ's router logits (softmax, then the
+  router's own top-k renormalisation), so gradients still reach the router. The rule is checked
+  against each router's own output on its first call.
+
+Memory: the recorded routes are int16 (int32 for > 32k experts) of shape (N, P+T, layers, k)
+on the model's device, e.g. 256 sequences × 1,024 tokens × 48 layers × 8 = 200 MB.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+
+def find_routers(model) -> list[torch.nn.Module]:
+    """The MoE routers of `model`, in layer order (empty for a dense model)."""
+    return [m for m in model.modules()
+            if type(m).__name__.endswith("TopKRouter") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+
+
+def _replay_scores(router, logits: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Gate weights of the experts `idx` (n, k) from the router logits (n, E): softmax over all
+    experts, then renormalised over the chosen k when the router does that."""
+    w = torch.softmax(logits.float(), dim=-1).gather(-1, idx.long())
+    if getattr(router, "norm_topk_prob", True):
+        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    return w.to(like.dtype)
+
+
+class RouteTracker:
+    """Hooks on every router of a MoE model; inactive (no effect) outside `capture` / `compare`."""
+
+    def __init__(self, model):
+        self.routers = find_routers(model)
+        self.k = self.routers[0].top_k if self.routers else 0
+        n_exp = max((r.num_experts for r in self.routers), default=0)
+        self.dtype = torch.int16 if n_exp < 2**15 else torch.int32
+        self.routes: torch.Tensor | None = None  # (N, L, layers, k) π_old's experts, -1 unknown
+        self._mode = None  # None | "capture" | "compare"
+        self._replay = False
+        self._slot = None  # (rows (b,), column offset, mask (b, l)) of the current forward
+        self._changed = torch.zeros(len(self.routers), dtype=torch.float64)
+        self._total = torch.zeros(len(self.routers), dtype=torch.float64)
+        self._checked: set[int] = set()
+        self._handles = [r.register_forward_hook(self._hook_for(i)) for i, r in enumerate(self.routers)]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.routers)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def reset(self, n_rows: int, n_cols: int, device) -> None:
+        """A new rollout of `n_rows` × `n_cols` tokens: forget the old routes."""
+        self.routes = torch.full((n_rows, n_cols, len(self.routers), self.k), -1, dtype=self.dtype, device=device)
+
+    @contextmanager
+    def forward(self, mode: str, rows: torch.Tensor, col_offset: int, mask: torch.Tensor, *, replay: bool = False):
+        """Around one trainer forward of the rows `rows` (rollout indices), whose input column 0
+        is rollout column `col_offset`; `mask` (b, l) marks real tokens."""
+        self._mode, self._replay = mode, replay
+        self._slot = (rows.to(mask.device), col_offset, mask.bool())
+        try:
+            yield
+        finally:
+            self._mode, self._slot, self._replay = None, None, False
+
+    def take_metrics(self, per_layer: bool = False) -> dict:
+        """`routing/changed_frac` (and per layer) since the last call; {} when nothing was compared."""
+        total = self._total.sum().item()
+        out = {}
+        if total:
+            out["routing/changed_frac"] = self._changed.sum().item() / total
+            if per_layer:
+                for i in range(len(self.routers)):
+                    if self._total[i]:
+                        out[f"routing/changed_frac/layer_{i}"] = (self._changed[i] / self._total[i]).item()
+        self._changed.zero_()
+        self._total.zero_()
+        return out
+
+    # ------------------------------------------------------------------ the hook
+
+    def _hook_for(self, layer: int):
+        def hook(module, args, output):
+            if self._mode is None or self.routes is None:
+                return None
+            logits, scores, idx = output
+            rows, off, mask = self._slot
+            b, length = mask.shape
+            if idx.shape[0] != b * length:  # not this slot's forward (e.g. a one-off probe): leave it
+                return None
+            cols = torch.arange(off, off + length, device=mask.device)
+            flat_mask = mask.reshape(-1)  # (b*l,)
+            r_idx = rows[:, None].expand(b, length).reshape(-1)[flat_mask]
+            c_idx = cols[None, :].expand(b, length).reshape(-1)[flat_mask]
+            if self._mode == "capture":
+                self.routes[r_idx, c_idx, layer] = idx[flat_mask].to(self.dtype)
+                return None
+            old = self.routes[r_idx, c_idx, layer].long()  # (m, k)
+            new = idx[flat_mask].long()
+            known = (old >= 0).all(-1)
+            same = (new[:, :, None] == old[:, None, :]).any(-1).sum(-1)  # (m,) shared experts
+            self._changed[layer] += (self.k - same[known]).sum().item()
+            self._total[layer] += self.k * known.sum().item()
+            if not self._replay:
+                return None
+            if not known.all():
+                raise RuntimeError("Routing Replay: a token has no recorded π_old route "
+                                   "(replay needs the trainer's π_old pass over the same rollout)")
+            if layer not in self._checked:  # the gate-weight rule must reproduce this router
+                mine = _replay_scores(module, logits, idx, scores)
+                if not torch.allclose(mine.float(), scores.float(), atol=1e-3, rtol=1e-3):
+                    raise RuntimeError(f"Routing Replay: {type(module).__name__} computes gate weights in a way "
+                                       "gspo does not reproduce (softmax + top-k renormalisation); replay is off limits")
+                self._checked.add(layer)
+            rep_idx = idx.clone()
+            rep_idx[flat_mask] = old.to(idx.dtype)
+            return logits, _replay_scores(module, logits, rep_idx, scores), rep_idx
+
+        return hook

@@ -1,0 +1,131 @@
+"""MoE routing: route capture, routing/changed_frac, Routing Replay, and the sampler-trainer
+mismatch monitor (issue 6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gspo.config import ConfigError, load_config
+from gspo.models import LogprobModule
+from gspo.routing import RouteTracker, find_routers
+from gspo.tiny import build_char_tokenizer, build_tiny_model
+from gspo.train import train
+
+
+@pytest.fixture()
+def moe():
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0)
+    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding in one row: padded tokens are not counted
+    return model, ids, mask
+
+
+def _pass(tracker, lp, ids, mask, mode, replay=False):
+    with tracker.forward(mode, torch.arange(ids.shape[0]), 0, mask, replay=replay):
+        return lp(ids, mask, 4)
+
+
+def _record_used(router):
+    """The experts a router's output finally carries (after the tracker's hook)."""
+    used = []
+    h = router.register_forward_hook(lambda m, a, out: used.append(out[2].clone()))
+    return used, h
+
+
+def test_routers_found_on_moe_only(moe):
+    model, _, _ = moe
+    assert len(find_routers(model)) == 2
+    dense = build_tiny_model(build_char_tokenizer(), hidden_size=32, num_layers=2, seed=0)
+    assert find_routers(dense) == [] and not RouteTracker(dense).active
+
+
+def test_changed_frac_zero_when_unchanged_and_positive_after_router_moves(moe):
+    model, ids, mask = moe
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        _pass(tracker, lp, ids, mask, "capture")
+        _pass(tracker, lp, ids, mask, "compare")
+    m = tracker.take_metrics(per_layer=True)
+    assert m["routing/changed_frac"] == 0.0 and m["routing/changed_frac/layer_1"] == 0.0
+    recorded = tracker.routes[mask.bool()]
+    assert (recorded >= 0).all() and (tracker.routes[0, :3] == -1).all()  # padding never recorded
+    with torch.no_grad():
+        for r in find_routers(model):
+            r.weight.add_(torch.randn_like(r.weight) * 5.0)
+        _pass(tracker, lp, ids, mask, "compare")
+    m = tracker.take_metrics()
+    assert 0.0 < m["routing/changed_frac"] <= 1.0
+    assert tracker.take_metrics() == {}  # counters were reset
+
+
+def test_replay_uses_pi_old_experts_and_router_still_gets_gradients(moe):
+    model, ids, mask = moe
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.reset(*ids.shape, ids.device)
+    routers = find_routers(model)
+    with torch.no_grad():
+        _pass(tracker, lp, ids, mask, "capture")
+        for r in routers:
+            r.weight.add_(torch.randn_like(r.weight) * 5.0)
+    used, h = _record_used(routers[0])
+    out = _pass(tracker, lp, ids, mask, "compare", replay=True)
+    h.remove()
+    real = mask.bool().reshape(-1)
+    assert torch.equal(used[0][real].long(), tracker.routes[:, :, 0][mask.bool()].long())
+    assert tracker.take_metrics()["routing/changed_frac"] > 0  # the natural choice did change
+    out.sum().backward()
+    assert routers[0].weight.grad is not None and routers[0].weight.grad.abs().sum() > 0
+    # without replay, the moved router picks other experts
+    used2, h = _record_used(routers[0])
+    with torch.no_grad():
+        _pass(tracker, lp, ids, mask, "compare", replay=False)
+    h.remove()
+    assert not torch.equal(used2[0][real].long(), used[0][real].long())
+
+
+def test_replay_with_unchanged_router_changes_nothing(moe):
+    model, ids, mask = moe
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        a = _pass(tracker, lp, ids, mask, "capture")
+        b = _pass(tracker, lp, ids, mask, "compare", replay=True)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)  # gate weights recomputed identically
+
+
+TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=2", "model.tiny_moe=true", "data.num_prompts=8",
+        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "schedule.rollouts=2",
+        "schedule.num_minibatches=2", "eval.enabled=false", "logging.console=false", "optim.lr=1e-2",
+        "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]
+
+
+def _metrics(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("extra", [[], ["algo.level=token", "algo.routing_replay=true"]])
+def test_training_logs_routing_change(tmp_path, extra):
+    run = train(load_config(None, [*TINY, *extra, "logging.routing_per_layer=true", f"output.dir={tmp_path}"]))
+    m = _metrics(run)
+    assert m[0]["routing/changed_frac"] == 0.0  # first minibatch: pi_theta = pi_old
+    assert m[1]["routing/changed_frac"] > 0 and "routing/changed_frac/layer_1" in m[1]
+
+
+def test_sampler_as_pi_old_logs_mismatch_of_zero_for_the_same_model(tmp_path):
+    run = train(load_config(None, [*TINY, "rollout.old_logp=sampler", f"output.dir={tmp_path}"]))
+    for rec in _metrics(run):
+        assert rec["mismatch/token_abs_max"] < 1e-5 and abs(rec["mismatch/kl"]) < 1e-8
+
+
+def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
+    with pytest.raises(ConfigError, match="algo.routing_replay"):
+        load_config(None, [*TINY, "algo.routing_replay=true", "rollout.old_logp=sampler"])
+    dense = [x for x in TINY if "moe" not in x]
+    with pytest.raises(ConfigError, match="no MoE routers"):
+        train(load_config(None, [*dense, "algo.routing_replay=true", f"output.dir={tmp_path}"]))
