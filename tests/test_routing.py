@@ -129,3 +129,19 @@ def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
     dense = [x for x in TINY if "moe" not in x]
     with pytest.raises(ConfigError, match="no MoE routers"):
         train(load_config(None, [*dense, "algo.routing_replay=true", f"output.dir={tmp_path}"]))
+
+
+def test_moe_stability_reproduction_quick(tmp_path):
+    """The reproduction script end to end at its smallest: 3 algorithms, a table and a report."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "moe_stability" / "run.py"
+    spec = importlib.util.spec_from_file_location("moe_stability_run", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    results = mod.main(["--quick", "--out", str(tmp_path)])
+    assert [r["algo"] for r in results] == ["gspo", "grpo", "grpo_replay"]
+    table = (tmp_path / "table.md").read_text()
+    assert "grpo_replay" in table and "routing change" in table
+    assert (tmp_path / "report" / "report.html").is_file()
