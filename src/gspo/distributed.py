@@ -196,7 +196,9 @@ SHARDED_DIR = "sharded"
 OPTIM_GROUPS_FILE = "optim_groups.json"
 
 
-def _state(module, optimizer):
+def _state(module, optimizer) -> tuple[dict, dict]:
+    """The tensors to (re)store, named model.* / optim.* (DTensor shards under FSDP2), and the
+    optimizer's non-tensor settings (flattened keys)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     msd, osd = get_state_dict(module, optimizer,
@@ -206,7 +208,7 @@ def _state(module, optimizer):
     tensors = {f"model.{k}": v for k, v in msd.items() if k in names}
     tensors.update({f"optim.{k}": v for k, v in osd.items() if isinstance(v, torch.Tensor)})
     groups = {k: v for k, v in osd.items() if not isinstance(v, torch.Tensor)}
-    return msd, osd, tensors, groups
+    return tensors, groups
 
 
 def save_sharded(path: Path, module, optimizer, d: Dist) -> None:
@@ -214,7 +216,7 @@ def save_sharded(path: Path, module, optimizer, d: Dist) -> None:
     torch.distributed.checkpoint) and rank 0 the optimizer's non-tensor settings (JSON)."""
     import torch.distributed.checkpoint as dcp
 
-    _, _, tensors, groups = _state(module, optimizer)
+    tensors, groups = _state(module, optimizer)
     dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(path / SHARDED_DIR), save_distributed=True))
     if d.is_main:
         (path / OPTIM_GROUPS_FILE).write_text(json.dumps(groups, indent=1))
@@ -225,7 +227,7 @@ def load_sharded(path: Path, module, optimizer) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    msd, osd, tensors, _ = _state(module, optimizer)
+    tensors, _ = _state(module, optimizer)
     dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / SHARDED_DIR)))
     groups = json.loads((path / OPTIM_GROUPS_FILE).read_text())
     model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
@@ -233,4 +235,3 @@ def load_sharded(path: Path, module, optimizer) -> None:
                 **{k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}}
     set_state_dict(module, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                    options=StateDictOptions(flatten_optimizer_state_dict=True, strict=False))
-    del msd, osd

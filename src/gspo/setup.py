@@ -280,8 +280,9 @@ def build_context(cfg: Config) -> RunContext:
         raise ConfigError("config field 'rollout.backend': vllm is not available in this build yet; use hf")
     mp = cfg.model.mixed_precision == "bf16"
     sampler_model = distributed.sampler_copy(model, d) or model
-    routes = RouteTracker(model)  # hooks on the trainer's routers (not the sampler copy's)
-    if cfg.algo.routing_replay and not routes.active:
+    # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
+    routes = RouteTracker(model) if r.old_logp == "trainer" else None  # the trainer's routers only
+    if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
@@ -300,4 +301,4 @@ def build_context(cfg: Config) -> RunContext:
     return RunContext(cfg=cfg, model=model, trainer=trainer, sampler_model=sampler_model, tokenizer=tok,
                       generator=generator, rewards=runner, sampler=sampler, eval_rows=eval_rows,
                       optimizer=optimizer, scheduler=scheduler, chat=chat, dist=d,
-                      routes=routes if routes.active else None, resume_from=resume_from)
+                      routes=routes if routes and routes.active else None, resume_from=resume_from)

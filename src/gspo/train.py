@@ -131,9 +131,8 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         # The wrappers average gradients over ranks, so each rank's loss is its share of the
         # global minibatch loss times world_size: sequence means need equal row counts (they
         # are), token means the global token count.
-        mb_tokens = rollout.completion_mask[mb_idx].sum().item()
         if token_mean:
-            mb_tokens = d.all_reduce([mb_tokens])[0]
+            mb_tokens = d.all_reduce([rollout.completion_mask[mb_idx].sum().item()])[0]
         micro = cfg.schedule.micro_batch_size or len(mb_idx)
         sums: dict[str, float] = {}
         loss_total = 0.0
@@ -148,16 +147,14 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high, aggregation=cfg.algo.aggregation,
                 max_log_ratio=cfg.algo.max_log_ratio,
                 max_len=cfg.rollout.max_new_tokens if cfg.algo.aggregation == "seq-mean-token-sum-norm" else None)
-            # the minibatch loss is the mean over its sequences (or its tokens, for token-mean)
-            if token_mean:
-                w = part.completion_mask.sum().item() / max(mb_tokens, 1) * d.world_size
-            else:
-                w = len(mi) / len(mb_idx)
+            # the minibatch loss is the mean over its sequences (or its tokens, for token-mean);
+            # metrics are sequence-weighted means over micro-batches and ranks
+            share = len(mi) / len(mb_idx)
+            w = part.completion_mask.sum().item() / max(mb_tokens, 1) * d.world_size if token_mean else share
             if faults.nan_loss(state.step + 1):  # tests only
                 loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
-            share = len(mi) / len(mb_idx)  # metrics: sequence-weighted means over micro-batches and ranks
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v * share
         grad_norm = _grad_norm(ctx)
