@@ -15,10 +15,27 @@ from gspo.tiny import build_char_tokenizer, build_tiny_model
 from gspo.train import train
 
 
-@pytest.fixture()
-def moe():
+def _hf_moe(arch: str, vocab: int):
+    """A tiny Mixtral (renormalised top-k gates) or OLMoE (un-renormalised gates) from a config:
+    the same router contract as Qwen3-MoE, with the other gate-weight rule for OLMoE."""
+    from transformers import MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM
+
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  num_experts_per_tok=2, eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    torch.manual_seed(0)
+    if arch == "mixtral":
+        return MixtralForCausalLM(MixtralConfig(num_local_experts=4, **common)).eval()
+    return OlmoeForCausalLM(OlmoeConfig(num_experts=4, **common)).eval()
+
+
+@pytest.fixture(params=["qwen3_moe", "mixtral", "olmoe"])
+def moe(request):
     tok = build_char_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0)
+    if request.param == "qwen3_moe":
+        model = build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0)
+    else:
+        model = _hf_moe(request.param, len(tok))
     ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding in one row: padded tokens are not counted
@@ -145,3 +162,17 @@ def test_moe_stability_reproduction_quick(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert "grpo_replay" in table and "routing change" in table
     assert (tmp_path / "report" / "report.html").is_file()
+
+
+def test_training_on_a_saved_mixtral_logs_routes_and_replays(tmp_path):
+    """The whole loop on a second architecture loaded with from_pretrained: routes are
+    captured and compared, and replay runs (its gate-weight rule checked against Mixtral's)."""
+    tok = build_char_tokenizer()
+    model = _hf_moe("mixtral", len(tok))
+    model.save_pretrained(tmp_path / "mixtral")
+    tok.save_pretrained(tmp_path / "mixtral")
+    overrides = [x for x in TINY if not x.startswith("model.")]
+    run = train(load_config(None, [*overrides, f"model.name_or_path={tmp_path / 'mixtral'}", "algo.level=token",
+                                   "algo.routing_replay=true", f"output.dir={tmp_path}"]))
+    m = _metrics(run)
+    assert m[0]["routing/changed_frac"] == 0.0 and m[1]["routing/changed_frac"] > 0
