@@ -174,3 +174,50 @@ def test_overlong_prompts_are_dropped_and_counted(tmp_path, capsys):
     for p in (run_dir / "completions").glob("*.jsonl"):
         for line in p.read_text().splitlines():
             assert len(json.loads(line)["prompt"]) <= 5
+
+
+def _step_inputs(tmp_path, *extra):
+    import torch
+
+    from gspo import algo
+    from gspo.rollout import chunk_seed
+    from gspo.setup import build_context
+    from gspo.train import TrainerState, minibatches, score
+
+    cfg = load_config(None, [*TINY, "eval.enabled=false", "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]",
+                             f"output.dir={tmp_path}", *extra])
+    ctx = build_context(cfg)
+    batch = ctx.sampler.next_batch()
+    rollout = ctx.generator.generate([ctx.render(r["prompt"]) for r in batch], cfg.rollout.group_size,
+                                     seed=chunk_seed(cfg.seed, 0))
+    adv, _ = algo.group_advantages(score(ctx, batch, rollout).rewards, cfg.rollout.group_size)
+    return ctx, rollout, adv, minibatches(ctx, 0, rollout.num_samples), TrainerState(), torch
+
+
+def test_first_minibatch_forward_is_pi_old_for_its_rows(tmp_path):
+    """old_logprobs skips the first minibatch; update fills it from its own pre-step forward,
+    which must equal what the separate pi_old pass gives for those rows."""
+    from gspo.train import old_logprobs, update
+
+    ctx, rollout, adv, plan, state, torch = _step_inputs(tmp_path, "schedule.num_minibatches=2")
+    full = old_logprobs(ctx, rollout)
+    part = old_logprobs(ctx, rollout, skip=plan[0])
+    assert (part[plan[0]] == 0).all() and torch.equal(part[plan[1]], full[plan[1]])
+    steps = update(ctx, rollout, part, adv, state, plan, fill_first=True)
+    mask = rollout.completion_mask.bool()
+    torch.testing.assert_close(part[mask], full[mask], atol=1e-5, rtol=0)
+    # its ratio is exactly 1: pi_theta = pi_old, bit for bit
+    assert steps[0]["ratio/seq_min"] == steps[0]["ratio/seq_max"] == 1.0 and steps[0]["clip/seq_frac"] == 0.0
+    ctx.close()
+
+
+def test_on_policy_schedule_runs_no_separate_pi_old_pass(tmp_path):
+    from gspo.train import old_logprobs
+
+    ctx, rollout, _, plan, _, torch = _step_inputs(tmp_path, "schedule.num_minibatches=1")
+    calls = []
+    h = ctx.trainer.register_forward_hook(lambda *a: calls.append(1))
+    out = old_logprobs(ctx, rollout, skip=plan[0])
+    h.remove()
+    assert calls == [] and (out == 0).all()
+    ctx.close()

@@ -86,8 +86,12 @@ class RouteTracker:
         finally:
             self._mode, self._slot, self._replay = None, None, False
 
-    def take_metrics(self, per_layer: bool = False) -> dict:
-        """`routing/changed_frac` (and per layer) since the last call; {} when nothing was compared."""
+    def take_metrics(self, per_layer: bool = False, captured: bool = False) -> dict:
+        """`routing/changed_frac` (and per layer) since the last call; {} when nothing was compared.
+        `captured`: the routes were captured in this step's own forward (π_θ = π_old), so every
+        fraction is 0 by definition."""
+        if captured:
+            self._total.fill_(1.0)
         total = self._total.sum().item()
         out = {}
         if total:

@@ -65,18 +65,27 @@ def trainer_logprobs(ctx: RunContext, rollout: Rollout, idx: torch.Tensor, mode:
 
 
 @torch.no_grad()
-def old_logprobs(ctx: RunContext, rollout: Rollout) -> torch.Tensor:
-    """pi_old per token: the sampler's log-probs (paper §5.4) or one no-grad trainer pass."""
+def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = None) -> torch.Tensor:
+    """pi_old per token (N, T): the sampler's log-probs (paper §5.4) or one no-grad trainer pass.
+
+    The rows `skip` (the first minibatch) are left at 0 for `update` to fill: it runs them
+    through the trainer before any weights change, so its own forward is pi_old for them and
+    a pass here would compute the same numbers again (with num_minibatches=1, the whole pass)."""
     if ctx.routes is not None:
         ctx.routes.reset(rollout.num_samples, rollout.input_ids.shape[1], ctx.device)
     if ctx.cfg.rollout.old_logp == "sampler":
         return rollout.sampler_logp
-    out = []
+    out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=ctx.device)
+    rows = torch.arange(rollout.num_samples)
+    if skip is not None:
+        keep = torch.ones(rollout.num_samples, dtype=torch.bool)
+        keep[skip] = False
+        rows = rows[keep]
     mbs = ctx.cfg.schedule.micro_batch_size or rollout.num_samples
-    for idx in torch.arange(rollout.num_samples).split(mbs):
+    for idx in rows.split(mbs) if len(rows) else ():  # (split of an empty tensor yields one empty part)
         _, lp = trainer_logprobs(ctx, rollout, idx, "capture")  # (b, T_part)
-        out.append(torch.nn.functional.pad(lp, (0, rollout.completion_ids.shape[1] - lp.shape[1])))
-    return torch.cat(out)  # (N, T)
+        out[idx.to(out.device), : lp.shape[1]] = lp.float()
+    return out
 
 
 def mismatch_metrics(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -120,13 +129,19 @@ def _mismatch_parts(gaps: list) -> dict:
 
 
 def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch.Tensor,
-           state: TrainerState) -> list[dict]:
-    """`num_minibatches` optimizer steps on the rollout; returns per-step metrics (all ranks)."""
+           state: TrainerState, plan: list[torch.Tensor] | None = None, fill_first: bool = False) -> list[dict]:
+    """`num_minibatches` optimizer steps on the rollout; returns per-step metrics (all ranks).
+
+    `plan` is `minibatches(...)` (computed when None). With `fill_first`, the first minibatch's
+    rows of `old_logp` were skipped by `old_logprobs`: its forward, taken before the first
+    optimizer step, is pi_old for them; it is written into `old_logp` (which then holds pi_old
+    for every row) and the routes are captured from it."""
     cfg, d = ctx.cfg, ctx.dist
     token_mean = cfg.algo.aggregation == "token-mean"
     sampler_pi_old = cfg.rollout.old_logp == "sampler"
     out = []
-    for step_in_rollout, mb_idx in enumerate(minibatches(ctx, state.rollout, rollout.num_samples)):
+    for step_in_rollout, mb_idx in enumerate(plan or minibatches(ctx, state.rollout, rollout.num_samples)):
+        fill = fill_first and step_in_rollout == 0
         t0 = time.perf_counter()
         # The wrappers average gradients over ranks, so each rank's loss is its share of the
         # global minibatch loss times world_size: sequence means need equal row counts (they
@@ -138,8 +153,10 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         loss_total = 0.0
         gaps = []
         for mi in mb_idx.split(micro):
-            part, logp = trainer_logprobs(ctx, rollout, mi, "compare")  # (b, T)
+            part, logp = trainer_logprobs(ctx, rollout, mi, "capture" if fill else "compare")  # (b, T)
             T = part.completion_ids.shape[1]
+            if fill:
+                old_logp[mi, :T] = logp.detach().float()
             if sampler_pi_old and step_in_rollout == 0:  # π_θ = π_old here: the sampler-trainer gap
                 gaps.append((part.sampler_logp, logp.detach(), part.completion_mask))
             loss, m = algo.policy_loss(
@@ -161,7 +178,7 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         if gaps:
             sums.update(_mismatch_parts(gaps))
         if ctx.routes is not None:
-            sums.update(ctx.routes.take_metrics(per_layer=cfg.logging.routing_per_layer))
+            sums.update(ctx.routes.take_metrics(per_layer=cfg.logging.routing_per_layer, captured=fill))
         metrics = d.reduce_metrics({**sums, "loss": loss_total})  # one decision on every rank
         loss_total = metrics["loss"]
         metrics["grad_norm"] = grad_norm
@@ -300,13 +317,15 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                                                        scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)  # 4.
                 adv = adv.to(ctx.device)
                 t0 = time.perf_counter()
-                old_logp = old_logprobs(ctx, rollout)                               # 5. pi_old
+                plan = minibatches(ctx, state.rollout, rollout.num_samples)
+                old_logp = old_logprobs(ctx, rollout, skip=plan[0])                # 5. pi_old
                 t_old = time.perf_counter() - t0
                 common = rollout_metrics(ctx, rollout, rewards, adv_stats)
-                if cfg.rollout.old_logp == "trainer":
+                steps = update(ctx, rollout, old_logp, adv, state, plan,            # 6. minibatch updates
+                               fill_first=cfg.rollout.old_logp == "trainer")
+                if cfg.rollout.old_logp == "trainer":  # old_logp now holds pi_old for every row
                     common.update(d.reduce_metrics(
                         mismatch_metrics(rollout.sampler_logp, old_logp, rollout.completion_mask)))
-                steps = update(ctx, rollout, old_logp, adv, state)                  # 6. minibatch updates
                 ctx.sync_sampler()                                                  # 7. sync
                 state.rollout += 1
                 state.sampler = ctx.sampler.state_dict()
