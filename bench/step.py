@@ -92,51 +92,83 @@ def base_overrides(demo: bool = True) -> list[str]:
 # ---------------------------------------------------------------- one measurement (in process)
 
 
-def measure(config: str | None, overrides: list[str], *, threads: int, warmup: int, rollouts: int,
-            repeats: int) -> dict:
-    import torch
-
-    from gspo import algo, train
+def build(config: str | None, overrides: list[str], *, threads: int, steps: int, out_dir: str):
+    """(cfg, ctx, seconds to build): the run context `gspo.train.train` would build, for `steps`
+    rollouts, writing under `out_dir`. The caller closes ctx."""
     from gspo.config import load_config
     from gspo.setup import build_context
 
+    cfg = load_config(config, [*base_overrides(demo=config is None), f"schedule.rollouts={steps}", f"threads={threads}",
+                               f"output.dir={out_dir}", "output.name=bench", *overrides])
+    t0 = time.perf_counter()
+    ctx = build_context(cfg)  # calls setup_threads(cfg.threads)
+    return cfg, ctx, time.perf_counter() - t0
+
+
+def timed_step(ctx, state) -> tuple[dict, object]:
+    """One training step, phase by phase, through the functions `gspo.train.train` calls:
+    ({"step", "generate", "score", "pi_old", "update": seconds}, the step's Rollout)."""
+    from gspo import algo, train
+
+    cfg = ctx.cfg
+    G = cfg.rollout.group_size
+    t_step = time.perf_counter()
+    batch = ctx.sampler.next_batch()
+    prompts = [ctx.render(r["prompt"]) for r in batch]
+    t0 = time.perf_counter()
+    rollout = ctx.generator.generate(prompts, G)
+    t_gen = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rewards = train.score(ctx, batch, rollout)
+    t_score = time.perf_counter() - t0
+    adv, _ = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
+    t0 = time.perf_counter()
+    old_logp = train.old_logprobs(ctx, rollout)
+    t_old = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    train.update(ctx, rollout, old_logp, adv, state)
+    ctx.sync_sampler()
+    t_upd = time.perf_counter() - t0
+    dt = time.perf_counter() - t_step
+    return {"step": dt, "generate": t_gen, "score": t_score, "pi_old": t_old, "update": t_upd}, rollout
+
+
+def force_full_length(ctx) -> None:
+    """Make every completion run to max_new_tokens: the generator's only EOS id becomes one past
+    the vocabulary, which is never sampled (the model, its log-probs and the loss are unchanged;
+    without it the random model ends ~1 completion in |V| per token with EOS)."""
+    vocab = ctx.model.get_output_embeddings().weight.shape[0]
+    ctx.generator.eos_token_ids = [int(vocab)]
+
+
+def measure(config: str | None, overrides: list[str], *, threads: int, warmup: int, rollouts: int,
+            repeats: int, prepare=None, on_step=None) -> dict:
+    """`prepare(ctx)` runs once after the context is built; `on_step(ctx, rollout, state, record)`
+    after each timed step may add keys to its record (the records are then returned too)."""
+    import torch
+
+    from gspo import train
+
     steps_total = warmup + rollouts * repeats
     with tempfile.TemporaryDirectory(prefix="gspo-bench-step-") as tmp:
-        cfg = load_config(config, [*base_overrides(demo=config is None), f"schedule.rollouts={steps_total}", f"threads={threads}",
-                                   f"output.dir={tmp}", "output.name=bench", *overrides])
-        t0 = time.perf_counter()
-        ctx = build_context(cfg)  # calls setup_threads(cfg.threads)
-        t_build = time.perf_counter() - t0
+        cfg, ctx, t_build = build(config, overrides, threads=threads, steps=steps_total, out_dir=tmp)
         state = train.TrainerState()
-        G = cfg.rollout.group_size
         records = []
-        cpu0 = _cpu_sample()
         try:
+            if prepare is not None:
+                prepare(ctx)
+            cpu0 = _cpu_sample()
             for i in range(steps_total):
-                t_step = time.perf_counter()
-                batch = ctx.sampler.next_batch()
-                prompts = [ctx.render(r["prompt"]) for r in batch]
-                t0 = time.perf_counter()
-                rollout = ctx.generator.generate(prompts, G)
-                t_gen = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                rewards = train.score(ctx, batch, rollout)
-                t_score = time.perf_counter() - t0
-                adv, _ = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
-                t0 = time.perf_counter()
-                old_logp = train.old_logprobs(ctx, rollout)
-                t_old = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                train.update(ctx, rollout, old_logp, adv, state)
-                ctx.sync_sampler()
-                t_upd = time.perf_counter() - t0
-                dt = time.perf_counter() - t_step
+                rollout_index = state.rollout
+                times, rollout = timed_step(ctx, state)
                 if i == warmup - 1:
                     cpu0 = _cpu_sample()
                 if i >= warmup:
-                    records.append({"step": dt, "generate": t_gen, "score": t_score, "pi_old": t_old,
-                                    "update": t_upd, "tokens": int(rollout.completion_mask.sum()),
-                                    "samples": rollout.num_samples, "max_len": rollout.completion_ids.shape[1]})
+                    rec = {**times, "tokens": int(rollout.completion_mask.sum()),
+                           "samples": rollout.num_samples, "max_len": rollout.completion_ids.shape[1]}
+                    if on_step is not None:
+                        on_step(ctx, rollout, rollout_index, rec)
+                    records.append(rec)
             cpu1 = _cpu_sample()
         finally:
             ctx.close()
@@ -145,7 +177,7 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
     own = (cpu1[3] - cpu0[3]) / wall
     busy = (cpu1[1] - cpu0[1]) / wall
     blocks = [records[b * rollouts:(b + 1) * rollouts] for b in range(repeats)]
-    return {
+    out = {
         "blocks": [{k: statistics.fmean(r[k] for r in blk) for k in ("step", *PHASES, "tokens")} for blk in blocks],
         "samples": records[0]["samples"],
         "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -160,6 +192,9 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
         "cpu_own": own, "cpu_others": max(busy - own, 0.0), "cpu_steal": (cpu1[2] - cpu0[2]) / wall,
         "warmup": warmup, "rollouts": rollouts, "repeats": repeats,
     }
+    if on_step is not None:
+        out["records"] = records
+    return out
 
 
 def summarize(res: dict) -> dict:

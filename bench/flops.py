@@ -1,0 +1,364 @@
+"""FLOP/s of a GSPO training step's phases against this machine's measured fp32 matmul peak.
+
+    python bench/flops.py                                 # hidden 1024, 4 layers, 64 x 128 tokens (~3 min)
+    python bench/flops.py --quick                         # seconds: the test's smoke run
+    python bench/flops.py --out flops.json model.tiny_num_layers=6   # key=value overrides, as bench/step.py
+
+(a) Matmul peak. fp32 `torch.mm` at the shapes the measured model runs (tokens x hidden times
+hidden x {hidden, hidden/2 (k, v), intermediate}, intermediate x hidden, their backward
+counterparts dX = dY W and dW = X^T dY, and the LM head), plus (2048 x hidden) x (hidden x
+4 hidden) and a 2048^3 square, with the torch thread count the step runs with (the library
+default: 1 thread on <= 4 cores, gspo.setup.setup_threads). Each shape is timed in blocks of
+>= --mm-seconds; its figure is its best block; the peak is the best shape.
+
+(b) One real training step, timed by phase through bench/step.py (the functions gspo.train.train
+calls), on a compute-bound shape: the tiny Qwen3 (hidden 1024, 4 layers; the tiny model's MLP
+is always 128 wide, heads 4 / kv heads 2), 8 prompts x 8 completions, completions forced to
+run to max_new_tokens=128 (bench/step.py:force_full_length; the random model would otherwise end
+~1 in |V| tokens with EOS). FLOPs are counted analytically from the step's own tensors: every
+forward/backward runs on the trimmed (b, L) rectangle of its micro-batch (Rollout.select), so
+padding positions inside it are computed and counted.
+
+Formulas (multiply-add = 2 FLOPs; per micro-batch of b rows, L = trimmed prompt + completion
+columns, Mc = real completion tokens in it; N = weights of the decoder layers' Linear modules
+(q, k, v, o, gate, up, down; embeddings, norms excluded), l = layers, A = heads x head_dim
+(the attention width, = hidden here), H = hidden, V = vocabulary):
+
+    pi_old (forward, no grad)  2 N bL + 4 l A b L^2 + 2 H V Mc
+    update (executed)          6 N bL + 14 l A b L^2 + 8 H V Mc
+    update ("model" FLOPs)     6 N bL + 12 l A b L^2 + 6 H V Mc
+    generate (KV cache)        prefill 2 N bP + 4 l A b P^2 + 2 H V b, then for t = 1..T-1:
+                               2 N b + 4 l A b (P + t) + 2 H V b          (P = prompt width)
+
+6 N per position = forward 2N + backward 4N (dX and dW). Attention (per layer, per row):
+QK^T and PV are 2 A L^2 each in the forward; torch's CPU flash-attention backward recomputes
+QK^T and does four more L^2 products, 10 A L^2, so 14 executed against the textbook 12 (no
+recomputation). The mask is a padding mask, not is_causal, so the full L x L square is counted.
+The LM head runs only on the Mc real completion tokens (gspo.models.token_logprobs), under
+activation checkpointing in the update: forward 2, recomputed forward 2, backward 4 = 8 H V
+(model count 6). Elementwise work (norms, RoPE, SiLU, softmax, loss, AdamW) is not counted.
+Generation computes logits for the last position only (logits_to_keep=1) and never runs the
+model on the last sampled token. `cross_check` compares these formulas with
+torch.utils.flop_counter.FlopCounterMode on a tiny model (it counts aten.mm; the CPU
+flash-attention ops are added with torch's own sdpa formulas); they agree exactly.
+
+"% of peak" = executed FLOPs / phase time / matmul peak. Update time includes the 4 AdamW steps,
+gradient clipping and the loss; pi_old and generate include their Python overheads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import step as bench_step  # noqa: E402  (bench/step.py)
+
+# the compute-bound default shape of (b)
+DEFAULT = ["model.tiny_hidden_size=1024", "model.tiny_num_layers=4", "rollout.max_new_tokens=128",
+           "rollout.prompts_per_step=8", "rollout.group_size=8"]
+QUICK = ["model.tiny_hidden_size=128", "model.tiny_num_layers=2", "rollout.max_new_tokens=8",
+         "rollout.prompts_per_step=4", "rollout.group_size=4", "data.num_prompts=200"]
+PHASES = ("generate", "pi_old", "update")
+
+
+# ---------------------------------------------------------------- analytic FLOP counts
+
+
+def model_dims(model) -> dict:
+    """Sizes the formulas need, read from the model's modules (Qwen3-style decoder)."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    layers = base.get_decoder().layers
+    n_matmul = sum(m.weight.numel() for layer in layers for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    attn = layers[0].self_attn
+    return {"N": n_matmul, "layers": len(layers), "A": attn.q_proj.out_features, "kv": attn.k_proj.out_features,
+            "H": head.weight.shape[1], "V": head.weight.shape[0],
+            "intermediate": layers[0].mlp.gate_proj.out_features if hasattr(layers[0].mlp, "gate_proj") else None}
+
+
+def forward_flops(d: dict, b: int, L: int, mc: int) -> int:
+    """One no-grad LogprobModule forward on a (b, L) micro-batch with mc real completion tokens."""
+    return 2 * d["N"] * b * L + 4 * d["layers"] * d["A"] * b * L * L + 2 * d["H"] * d["V"] * mc
+
+
+def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
+    """Forward + backward on a (b, L) micro-batch: executed (attention-backward and LM-head
+    recomputation included) or textbook "model" FLOPs."""
+    attn, head = (14, 8) if executed else (12, 6)
+    return 6 * d["N"] * b * L + attn * d["layers"] * d["A"] * b * L * L + head * d["H"] * d["V"] * mc
+
+
+def generate_flops(d: dict, b: int, P: int, T: int) -> int:
+    """Sampling T tokens for b rows from a P-wide prompt with the KV cache."""
+    f = 2 * d["N"] * b * P + 4 * d["layers"] * d["A"] * b * P * P + 2 * d["H"] * d["V"] * b
+    for t in range(1, T):
+        f += 2 * d["N"] * b + 4 * d["layers"] * d["A"] * b * (P + t) + 2 * d["H"] * d["V"] * b
+    return f
+
+
+def step_flops(ctx, rollout, rollout_index: int) -> dict:
+    """FLOPs of one step's phases from its rollout, chunked as generate / old_logprobs / update
+    chunk it; also the update's computed positions and how many are padding."""
+    import torch
+
+    from gspo import train
+
+    d = model_dims(ctx.model)
+    n = rollout.num_samples
+    T = rollout.completion_ids.shape[1]
+    gen = 0
+    chunk = ctx.generator.batch_size or n
+    for s in range(0, n, chunk):
+        mask = rollout.prompt_mask[s:s + chunk]
+        P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
+        gen += generate_flops(d, mask.shape[0], P, T)
+    mbs = ctx.cfg.schedule.micro_batch_size or n
+    old = old_positions = 0
+    for idx in torch.arange(n).split(mbs):
+        part = rollout.select(idx)
+        old += forward_flops(d, *part.input_ids.shape, int(part.completion_mask.sum()))
+        old_positions = max(old_positions, part.input_ids.numel())
+    upd = upd_model = positions = real = micro = 0
+    for mb in train.minibatches(ctx, rollout_index, n):
+        for mi in mb.split(ctx.cfg.schedule.micro_batch_size or len(mb)):
+            part = rollout.select(mi)
+            b, L = part.input_ids.shape
+            mc = int(part.completion_mask.sum())
+            upd += train_flops(d, b, L, mc)
+            upd_model += train_flops(d, b, L, mc, executed=False)
+            positions += b * L
+            real += int(part.attention_mask.sum())
+            micro += 1
+    return {"flops_generate": gen, "flops_pi_old": old, "pi_old_positions": old_positions, "flops_update": upd, "flops_update_model": upd_model,
+            "update_positions": positions, "update_real_tokens": real, "update_micro_batches": micro}
+
+
+# ---------------------------------------------------------------- cross-check with FlopCounterMode
+
+
+def _counter():
+    """FlopCounterMode that also counts torch's CPU flash-attention ops (not in its registry)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def fwd(q, k, v, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(q, k, v)
+
+    def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
+        return sdpa_backward_flop_count(grad_out, q, k, v)
+
+    return FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd})
+
+
+def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 5, completion: int = 7,
+                seed: int = 0) -> dict:
+    """Analytic vs FlopCounterMode FLOPs on a tiny model: a LogprobModule forward (pi_old), a
+    forward + backward (update; rows with left padding and an early-ended completion, head
+    chunked so the checkpointed recomputation shows) and a generate call."""
+    import torch
+
+    from gspo.models import LogprobModule
+    from gspo.rollout import HFGenerator
+    from gspo.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=hidden, num_layers=layers, seed=seed)
+    d = model_dims(model)
+    g = torch.Generator().manual_seed(seed)
+    L = prompt + completion
+    ids = torch.randint(4, len(tok), (rows, L), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, : prompt // 2] = 0                       # a left-padded prompt
+    mask[min(1, rows - 1), prompt + completion // 2:] = 0   # a completion that ended early
+    lm = LogprobModule(model, chunk_size=4)
+    with torch.no_grad():
+        lm(ids, mask, completion)                    # the once-per-model head check, not counted
+    mc = int(mask[:, prompt:].sum())
+    with torch.no_grad(), _counter() as c:
+        lm(ids, mask, completion)
+    fwd = c.get_total_flops()
+    with _counter() as c:
+        lm(ids, mask, completion).sum().backward()
+    fb = c.get_total_flops()
+    gen = HFGenerator(model, tok, max_new_tokens=completion, eos_token_ids=[len(tok)])
+    with _counter() as c:
+        r = gen.generate(["1+2=", "ab"], 2)
+    gen_counted = c.get_total_flops()
+    return {"dims": d, "rows": rows, "L": L, "completion_tokens": mc,
+            "forward": {"counted": fwd, "formula": forward_flops(d, rows, L, mc)},
+            "train": {"counted": fb, "formula": train_flops(d, rows, L, mc)},
+            "generate": {"counted": gen_counted,
+                         "formula": generate_flops(d, r.num_samples, r.prompt_ids.shape[1], r.completion_ids.shape[1])}}
+
+
+# ---------------------------------------------------------------- (a) matmul peak
+
+
+def matmul_shapes(d: dict, tokens: int, pi_old_tokens: int, big: bool = True) -> list[tuple[str, int, int, int, bool]]:
+    """(label, m, k, n, A transposed) of the model's matmuls at `tokens` rows (an update
+    micro-batch), their backward counterparts, q at `pi_old_tokens` rows (the pi_old pass runs
+    every row at once), and two generic big ones (the 2048^3 square only when `big`)."""
+    H, I, V, A, kv = d["H"], d["intermediate"] or 4 * d["H"], d["V"], d["A"], d["kv"]
+    return [
+        ("x W_q (fwd)", tokens, H, A, False),
+        ("x W_kv (fwd)", tokens, H, kv, False),
+        ("x W_up (fwd)", tokens, H, I, False),
+        ("h W_down (fwd)", tokens, I, H, False),
+        ("dY W_q^T (bwd dX)", tokens, A, H, False),
+        ("X^T dY (bwd dW)", H, tokens, A, True),
+        ("x W_q (pi_old rows)", pi_old_tokens, H, A, False),
+        ("LM head", tokens, H, V, False),
+        ("2048xH . Hx4H", 2048, H, 4 * H, False),
+        *([("2048^3", 2048, 2048, 2048, False)] if big else []),
+    ]
+
+
+def matmul_peak(shapes, seconds: float = 0.5, blocks: int = 3) -> list[dict]:
+    """GFLOP/s of fp32 torch.mm per shape: the best of `blocks` blocks of >= `seconds` each."""
+    import torch
+
+    out = []
+    g = torch.Generator().manual_seed(0)
+    for label, m, k, n, trans in shapes:
+        a = torch.randn(k, m, generator=g).t() if trans else torch.randn(m, k, generator=g)
+        b = torch.randn(k, n, generator=g)
+        c = torch.empty(m, n)
+        torch.mm(a, b, out=c)  # warm
+        flops = 2 * m * k * n
+        best = 0.0
+        for _ in range(blocks):
+            reps, t0 = 0, time.perf_counter()
+            while True:
+                torch.mm(a, b, out=c)
+                reps += 1
+                dt = time.perf_counter() - t0
+                if dt >= seconds:
+                    break
+            best = max(best, flops * reps / dt / 1e9)
+        out.append({"label": label, "m": m, "k": k, "n": n, "a_transposed": trans, "gflops": best})
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def run(args, overrides: list[str]) -> dict:
+    import torch
+
+    from gspo.setup import setup_threads
+
+    threads = setup_threads(args.threads)
+    t_start = time.perf_counter()
+    check = cross_check()
+    steps = []
+
+    def on_step(ctx, rollout, rollout_index, rec):
+        rec.update(step_flops(ctx, rollout, rollout_index))
+        rec["dims"] = model_dims(ctx.model)
+        steps.append(rec)
+
+    res = bench_step.measure(None, [*(QUICK if args.quick else DEFAULT), *overrides], threads=args.threads,
+                             warmup=args.warmup, rollouts=args.rollouts, repeats=1,
+                             prepare=bench_step.force_full_length, on_step=on_step)
+    recs = res["records"]
+    d = recs[0]["dims"]
+    # the update's micro-batch rows x columns: the tokens of the model's forward matmuls
+    mb_tokens = round(statistics.fmean(r["update_positions"] / r["update_micro_batches"] for r in recs))
+    torch.set_num_threads(threads)
+    old_tokens = round(statistics.fmean(r["pi_old_positions"] for r in recs))
+    mm = matmul_peak(matmul_shapes(d, max(mb_tokens, 64), old_tokens, big=not args.quick), seconds=0.05 if args.quick else args.mm_seconds,
+                     blocks=2 if args.quick else 3)
+    peak = max(x["gflops"] for x in mm)
+    phases = {}
+    for p in PHASES:
+        t = sum(r[p] for r in recs)
+        f = sum(r[f"flops_{p}"] for r in recs)
+        phases[p] = {"s_per_step": t / len(recs), "gflop_per_step": f / len(recs) / 1e9,
+                     "gflops": f / t / 1e9, "pct_of_peak": 100 * f / t / 1e9 / peak,
+                     "per_step_gflops": [r[f"flops_{p}"] / r[p] / 1e9 for r in recs]}
+    fm = sum(r["flops_update_model"] for r in recs)
+    phases["update"]["model_gflops"] = fm / sum(r["update"] for r in recs) / 1e9
+    phases["update"]["model_pct_of_peak"] = 100 * phases["update"]["model_gflops"] / peak
+    pos = sum(r["update_positions"] for r in recs)
+    real = sum(r["update_real_tokens"] for r in recs)
+    return {
+        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": threads,
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
+        "matmul": mm, "matmul_peak_gflops": peak, "dims": d, "cross_check": check,
+        "step": {k: v for k, v in res.items() if k not in ("records", "blocks")},
+        "records": [{k: v for k, v in r.items() if k != "dims"} for r in recs],
+        "mean_completion_tokens": statistics.fmean(r["tokens"] for r in recs) / res["samples"],
+        "update_pad_share": 1 - real / pos, "update_micro_batch_tokens": mb_tokens,
+        "phases": phases, "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def print_report(out: dict) -> None:
+    d, st = out["dims"], out["step"]
+    print(f"torch {out['machine']['torch']}, {out['machine']['threads']} thread(s) of {out['machine']['cpus']} CPUs, "
+          f"OMP_WAIT_POLICY={out['machine']['omp_wait_policy'] or 'unset'}")
+    print("\n(a) fp32 torch.mm, best block of the shape (m x k . k x n):")
+    for x in out["matmul"]:
+        print(f"  {x['label']:<20}{x['m']:>6} x{x['k']:>6} . x{x['n']:>6}  {x['gflops']:8.1f} GFLOP/s")
+    print(f"  matmul peak: {out['matmul_peak_gflops']:.1f} GFLOP/s")
+    print(f"\n(b) tiny Qwen3: hidden {d['H']}, {d['layers']} layers, MLP {d['intermediate']}, attention width {d['A']}, "
+          f"vocab {d['V']}, N = {d['N'] / 1e6:.2f}M matmul weights; {st['samples']} completions x "
+          f"max_new_tokens {st['max_new_tokens']}, mean completion {out['mean_completion_tokens']:.1f} tokens; "
+          f"{st['warmup']} warm-up + {st['rollouts']} timed steps")
+    print(f"    update: {out['update_micro_batch_tokens']} positions per micro-batch (rows x trimmed columns), "
+          f"{100 * out['update_pad_share']:.1f}% of them padding")
+    print(f"{'phase':<10}{'s/step':>9}{'GFLOP/step':>12}{'GFLOP/s':>10}{'% of peak':>11}   per step GFLOP/s")
+    for p in PHASES:
+        x = out["phases"][p]
+        print(f"{p:<10}{x['s_per_step']:>9.3f}{x['gflop_per_step']:>12.1f}{x['gflops']:>10.1f}{x['pct_of_peak']:>10.1f}%"
+              f"   {', '.join(f'{v:.1f}' for v in x['per_step_gflops'])}")
+    u = out["phases"]["update"]
+    print(f"update in model FLOPs (no recomputation: attention 12, head 6): {u['model_gflops']:.1f} GFLOP/s, "
+          f"{u['model_pct_of_peak']:.1f}% of peak")
+    c = out["cross_check"]
+    print("cross-check with FlopCounterMode (tiny model): " + ", ".join(
+        f"{k} {c[k]['formula']} vs {c[k]['counted']}" for k in ("forward", "train", "generate")))
+    print(f"({out['wall_s']:.0f} s in all; CPU during the timed steps: own {st['cpu_own']:.2f}, "
+          f"others {st['cpu_others']:.2f} cores)")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides (after the default shape)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = the library's auto default)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1)")
+    ap.add_argument("--rollouts", type=int, default=None, help="timed steps (default 3; --quick 1)")
+    ap.add_argument("--mm-seconds", type=float, default=0.5, help="seconds per matmul timing block")
+    ap.add_argument("--quick", action="store_true", help="a tiny shape, one step: seconds (for the test)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        ap.error(f"not a key=value override: {bad[0]}")
+    args.warmup = (0 if args.quick else 1) if args.warmup is None else args.warmup
+    args.rollouts = (1 if args.quick else 3) if args.rollouts is None else args.rollouts
+    out = run(args, args.overrides)
+    print_report(out)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    main()

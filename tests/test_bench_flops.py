@@ -1,0 +1,114 @@
+"""bench/flops.py and bench/scaling.py: --quick runs, the analytic FLOP count against
+torch's FlopCounterMode, and the log-log exponent fit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+# The analytic counts are exact integer formulas; FlopCounterMode counts the same matmuls. The
+# tolerance is tight enough that the textbook variants (attention 12 instead of the executed 14,
+# LM head 6 instead of 8 under checkpointing) fall outside it on the checked shapes.
+RTOL = 1e-3
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def flops() -> ModuleType:
+    return _load("flops")
+
+
+@pytest.fixture(scope="module")
+def scaling() -> ModuleType:
+    return _load("scaling")
+
+
+def test_quick_runs(tmp_path: Path) -> None:
+    """Both scripts run end to end in --quick mode (concurrently, to keep the test short)."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+    outs = {name: tmp_path / f"{name}.json" for name in ("flops", "scaling")}
+    procs = {name: subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--out", str(out)],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, out in outs.items()}
+    for name, p in procs.items():
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, f"{name}: {stdout[-2000:]}\n{stderr[-4000:]}"
+    f = json.loads(outs["flops"].read_text())
+    assert f["matmul_peak_gflops"] > 0
+    assert f["mean_completion_tokens"] == f["step"]["max_new_tokens"]  # forced to full length
+    for phase in ("generate", "pi_old", "update"):
+        x = f["phases"][phase]
+        assert x["gflop_per_step"] > 0 and x["gflops"] > 0 and x["pct_of_peak"] > 0, phase
+    for k in ("forward", "train", "generate"):
+        assert f["cross_check"][k]["formula"] == f["cross_check"][k]["counted"], k
+    s = json.loads(outs["scaling"].read_text())
+    assert set(s["fits"]) == {"G", "length", "width"}
+    for name, fit in s["fits"].items():
+        for phase in ("step", "generate", "pi_old", "update"):
+            assert math.isfinite(fit[phase]["exponent"]), (name, phase)
+    for c in s["configs"]:
+        assert c["mean_completion_tokens"] == c["max_new_tokens"]
+
+
+@pytest.mark.parametrize("shape", [
+    {},                                                                       # 3 rows, 5 + 7 columns
+    {"hidden": 32, "layers": 1, "rows": 4, "prompt": 3, "completion": 16},   # head and attention heavier
+])
+def test_formula_matches_flop_counter(flops: ModuleType, shape: dict) -> None:
+    c = flops.cross_check(**shape)
+    d, rows, L, mc = c["dims"], c["rows"], c["L"], c["completion_tokens"]
+    for k in ("forward", "train", "generate"):
+        assert c[k]["formula"] == pytest.approx(c[k]["counted"], rel=RTOL), k
+    # the check can fail: textbook counts that ignore the recomputations are outside the tolerance
+    counted = c["train"]["counted"]
+    wrong_attn = c["train"]["formula"] - 2 * d["layers"] * d["A"] * rows * L * L
+    wrong_head = c["train"]["formula"] - 2 * d["H"] * d["V"] * mc
+    assert abs(wrong_attn - counted) > RTOL * counted
+    assert abs(wrong_head - counted) > RTOL * counted
+    assert flops.train_flops(d, rows, L, mc, executed=False) < counted * (1 - RTOL)
+
+
+def test_step_flops_counts_padding(flops: ModuleType) -> None:
+    """Each micro-batch is counted on its trimmed rectangle: a padded row costs as much as a full one."""
+    d = {"N": 1000, "layers": 2, "A": 16, "H": 16, "V": 10}
+    assert flops.forward_flops(d, 2, 10, 5) == 2 * 1000 * 20 + 4 * 2 * 16 * 2 * 100 + 2 * 16 * 10 * 5
+    assert flops.train_flops(d, 2, 10, 5) - flops.train_flops(d, 2, 10, 5, executed=False) == \
+        2 * 2 * 16 * 2 * 100 + 2 * 16 * 10 * 5
+    # generation: one prefill of P positions, then T-1 one-token steps over a growing cache
+    assert flops.generate_flops(d, 1, 3, 1) == 2 * 1000 * 3 + 4 * 2 * 16 * 9 + 2 * 16 * 10
+    assert flops.generate_flops(d, 1, 3, 2) - flops.generate_flops(d, 1, 3, 1) == \
+        2 * 1000 + 4 * 2 * 16 * 4 + 2 * 16 * 10
+
+
+def test_fit_exponent(scaling: ModuleType) -> None:
+    xs = [4, 8, 16, 32]
+    assert scaling.fit_exponent(xs, [float(x) for x in xs]) == pytest.approx(1.0)
+    assert scaling.fit_exponent(xs, [3.0 * x**2 for x in xs]) == pytest.approx(2.0)
+    assert scaling.fit_exponent(xs, [5.0] * 4) == pytest.approx(0.0)
+    # a fixed cost plus a linear one bends the fit below 1
+    assert 0.0 < scaling.fit_exponent(xs, [10.0 + x for x in xs]) < 1.0
+    with pytest.raises(ValueError):
+        scaling.fit_exponent([2, 2], [1.0, 2.0])
+
+
+def test_points_share_the_base(scaling: ModuleType) -> None:
+    configs, where = scaling.points(scaling.BASE, scaling.AXES, ["G", "length", "width"])
+    assert len(configs) == 10  # 3 axes x 4 points, the base shape shared by all three
+    base = configs.index(scaling.BASE)
+    assert all(base in [i for _, i in pts] for pts in where.values())
