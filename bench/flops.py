@@ -34,13 +34,16 @@ columns, Mc = real completion tokens in it; N = weights of the decoder layers' L
 QK^T and PV are 2 A L^2 each in the forward; torch's CPU flash-attention backward recomputes
 QK^T and does four more L^2 products, 10 A L^2, so 14 executed against the textbook 12 (no
 recomputation). The mask is a padding mask, not is_causal, so the full L x L square is counted.
-The LM head runs only on the Mc real completion tokens (gspo.models.token_logprobs), under
+pi_old runs on the rows outside the first minibatch (train.old_logprobs(skip=plan[0]); the
+first minibatch's forward in the update is its pi_old), so it is ~3/4 of a full pass with 4
+minibatches. The LM head runs only on the Mc real completion tokens (gspo.models.token_logprobs), under
 activation checkpointing in the update: forward 2, recomputed forward 2, backward 4 = 8 H V
 (model count 6). Elementwise work (norms, RoPE, SiLU, softmax, loss, AdamW) is not counted.
 Generation computes logits for the last position only (logits_to_keep=1) and never runs the
 model on the last sampled token. `cross_check` compares these formulas with
 torch.utils.flop_counter.FlopCounterMode on a tiny model (it counts aten.mm; the CPU
-flash-attention ops are added with torch's own sdpa formulas); they agree exactly.
+flash-attention ops are added with torch's own sdpa formulas), and `step_cross_check` does
+the same for whole training steps of the --quick shape, phase by phase; they agree exactly.
 
 "% of peak" = executed FLOPs / phase time / matmul peak. Update time includes the 4 AdamW steps,
 gradient clipping and the loss; pi_old and generate include their Python overheads.
@@ -123,14 +126,18 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
         mask = rollout.prompt_mask[s:s + chunk]
         P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
         gen += generate_flops(d, mask.shape[0], P, T)
+    plan = train.minibatches(ctx, rollout_index, n)
+    rows = torch.arange(n)
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[plan[0]] = False  # train.old_logprobs(skip=plan[0]): the first minibatch's forward in update is pi_old
     mbs = ctx.cfg.schedule.micro_batch_size or n
     old = old_positions = 0
-    for idx in torch.arange(n).split(mbs):
+    for idx in (rows[keep].split(mbs) if ctx.cfg.rollout.old_logp == "trainer" else []):
         part = rollout.select(idx)
         old += forward_flops(d, *part.input_ids.shape, int(part.completion_mask.sum()))
         old_positions = max(old_positions, part.input_ids.numel())
     upd = upd_model = positions = real = micro = 0
-    for mb in train.minibatches(ctx, rollout_index, n):
+    for mb in plan:
         for mi in mb.split(ctx.cfg.schedule.micro_batch_size or len(mb)):
             part = rollout.select(mi)
             b, L = part.input_ids.shape
@@ -206,6 +213,34 @@ def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 
                          "formula": generate_flops(d, r.num_samples, r.prompt_ids.shape[1], r.completion_ids.shape[1])}}
 
 
+def step_cross_check(overrides: list[str] | None = None, threads: int = 0) -> dict:
+    """`step_flops` against FlopCounterMode on whole training steps (bench/step.py:timed_step, the
+    quick shape by default): per phase, {"counted", "formula"}. One untimed step first (the
+    once-per-model LM-head check runs then)."""
+    import tempfile
+
+    from gspo import train
+
+    with tempfile.TemporaryDirectory(prefix="gspo-bench-flops-") as tmp:
+        _, ctx, _ = bench_step.build(None, [*QUICK, *(overrides or [])], threads=threads, steps=2, out_dir=tmp)
+        try:
+            bench_step.force_full_length(ctx)
+            state = train.TrainerState()
+            bench_step.timed_step(ctx, state)
+            counters = {}
+
+            def wrap(phase):
+                counters[phase] = _counter()
+                return counters[phase]
+
+            index = state.rollout
+            _, rollout = bench_step.timed_step(ctx, state, wrap=wrap)
+            f = step_flops(ctx, rollout, index)
+        finally:
+            ctx.close()
+    return {p: {"counted": counters[p].get_total_flops(), "formula": f[f"flops_{p}"]} for p in PHASES}
+
+
 # ---------------------------------------------------------------- (a) matmul peak
 
 
@@ -265,6 +300,7 @@ def run(args, overrides: list[str]) -> dict:
     threads = setup_threads(args.threads)
     t_start = time.perf_counter()
     check = cross_check()
+    check_step = step_cross_check(threads=args.threads)
     steps = []
 
     def on_step(ctx, rollout, rollout_index, rec):
@@ -299,7 +335,7 @@ def run(args, overrides: list[str]) -> dict:
     return {
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": threads,
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
-        "matmul": mm, "matmul_peak_gflops": peak, "dims": d, "cross_check": check,
+        "matmul": mm, "matmul_peak_gflops": peak, "dims": d, "cross_check": check, "cross_check_step": check_step,
         "step": {k: v for k, v in res.items() if k not in ("records", "blocks")},
         "records": [{k: v for k, v in r.items() if k != "dims"} for r in recs],
         "mean_completion_tokens": statistics.fmean(r["tokens"] for r in recs) / res["samples"],
@@ -333,6 +369,9 @@ def print_report(out: dict) -> None:
     c = out["cross_check"]
     print("cross-check with FlopCounterMode (tiny model): " + ", ".join(
         f"{k} {c[k]['formula']} vs {c[k]['counted']}" for k in ("forward", "train", "generate")))
+    c = out["cross_check_step"]
+    print("  and on a whole quick-shape step: " + ", ".join(
+        f"{k} {c[k]['formula']} vs {c[k]['counted']}" for k in PHASES))
     print(f"({out['wall_s']:.0f} s in all; CPU during the timed steps: own {st['cpu_own']:.2f}, "
           f"others {st['cpu_others']:.2f} cores)")
 

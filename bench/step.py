@@ -6,9 +6,10 @@
 
 The step is the one `gspo.train.train` runs, phase by phase, through the same functions:
 sampler.next_batch -> generator.generate -> train.score -> algo.group_advantages ->
-train.old_logprobs -> train.update (+ generator.sync_weights). Logging, checkpoints and
-evaluation are left out (eval is disabled). "other" is the step's wall time not spent in the
-four phases (prompt sampling and rendering, advantages, bookkeeping).
+train.minibatches -> train.old_logprobs (skipping the first minibatch's rows, whose forward in
+the update is their pi_old) -> train.update (+ generator.sync_weights). Logging, checkpoints
+and evaluation are left out (eval is disabled). "other" is the step's wall time not spent in
+the four phases (prompt sampling and rendering, advantages, bookkeeping).
 
 The default config is the demo's GSPO phase (gspo.demo.DEMO_OVERRIDES: tiny Qwen3-style model,
 hidden 128, 2 layers, 32 prompts x 8 completions, max_new_tokens=6), built from scratch with
@@ -105,30 +106,42 @@ def build(config: str | None, overrides: list[str], *, threads: int, steps: int,
     return cfg, ctx, time.perf_counter() - t0
 
 
-def timed_step(ctx, state) -> tuple[dict, object]:
+def timed_step(ctx, state, wrap=None) -> tuple[dict, object]:
     """One training step, phase by phase, through the functions `gspo.train.train` calls:
-    ({"step", "generate", "score", "pi_old", "update": seconds}, the step's Rollout)."""
+    ({"step", "generate", "score", "pi_old", "update": seconds}, the step's Rollout).
+    `wrap(phase)`, if given, returns a context manager that each phase runs inside."""
+    import contextlib
+
     from gspo import algo, train
+    from gspo.rollout import chunk_seed
 
     cfg = ctx.cfg
     G = cfg.rollout.group_size
+    wrap = wrap or (lambda phase: contextlib.nullcontext())
     t_step = time.perf_counter()
     batch = ctx.sampler.next_batch()
     prompts = [ctx.render(r["prompt"]) for r in batch]
     t0 = time.perf_counter()
-    rollout = ctx.generator.generate(prompts, G)
+    with wrap("generate"):
+        rollout = ctx.generator.generate(prompts, G, seed=chunk_seed(cfg.seed, state.rollout)).to(ctx.device)
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rewards = train.score(ctx, batch, rollout)
+    with wrap("score"):
+        rewards = train.score(ctx, batch, rollout)
     t_score = time.perf_counter() - t0
     adv, _ = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
+    adv = adv.to(ctx.device)
     t0 = time.perf_counter()
-    old_logp = train.old_logprobs(ctx, rollout)
+    with wrap("pi_old"):
+        plan = train.minibatches(ctx, state.rollout, rollout.num_samples)
+        old_logp = train.old_logprobs(ctx, rollout, skip=plan[0])  # the first minibatch's rows: in update
     t_old = time.perf_counter() - t0
     t0 = time.perf_counter()
-    train.update(ctx, rollout, old_logp, adv, state)
-    ctx.sync_sampler()
+    with wrap("update"):
+        train.update(ctx, rollout, old_logp, adv, state, plan, fill_first=cfg.rollout.old_logp == "trainer")
+        ctx.sync_sampler()
     t_upd = time.perf_counter() - t0
+    state.rollout += 1
     dt = time.perf_counter() - t_step
     return {"step": dt, "generate": t_gen, "score": t_score, "pi_old": t_old, "update": t_upd}, rollout
 

@@ -84,6 +84,15 @@ def test_formula_matches_flop_counter(flops: ModuleType, shape: dict) -> None:
     assert flops.train_flops(d, rows, L, mc, executed=False) < counted * (1 - RTOL)
 
 
+def test_step_formula_matches_flop_counter(flops: ModuleType) -> None:
+    """step_flops follows the step's own chunking (pi_old skips the first minibatch, micro-batches
+    trimmed one by one, generation's prefill + decode) on a real step of the quick shape."""
+    c = flops.step_cross_check(["schedule.micro_batch_size=2", "rollout.max_new_tokens=5"])
+    for phase in ("generate", "pi_old", "update"):
+        assert c[phase]["counted"] > 0, phase
+        assert c[phase]["formula"] == pytest.approx(c[phase]["counted"], rel=RTOL), phase
+
+
 def test_step_flops_counts_padding(flops: ModuleType) -> None:
     """Each micro-batch is counted on its trimmed rectangle: a padded row costs as much as a full one."""
     d = {"N": 1000, "layers": 2, "A": 16, "H": 16, "V": 10}
