@@ -110,6 +110,20 @@ def generate_flops(d: dict, b: int, P: int, T: int) -> int:
     return f
 
 
+def sorted_positions(rollout, groups, size: int) -> int:
+    """Positions the forward passes would compute if each group of rows (a minibatch, or the pi_old
+    rows) were run as micro-batches of `size` rows sorted by completion length, each trimmed to
+    its own longest prompt + longest completion: what length bucketing would leave of padding."""
+    plen = rollout.prompt_mask.sum(dim=1)
+    clen = rollout.completion_mask.sum(dim=1)
+    total = 0
+    for rows in groups:
+        rows = rows[clen[rows].argsort()]
+        for part in rows.split(size):
+            total += len(part) * int(plen[part].max() + clen[part].max())
+    return total
+
+
 def step_flops(ctx, rollout, rollout_index: int) -> dict:
     """FLOPs of one step's phases from its rollout, chunked as generate / old_logprobs / update
     chunk it; also the update's computed positions and how many are padding."""
@@ -131,11 +145,13 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
     keep = torch.ones(n, dtype=torch.bool)
     keep[plan[0]] = False  # train.old_logprobs(skip=plan[0]): the first minibatch's forward in update is pi_old
     mbs = ctx.cfg.schedule.micro_batch_size or n
-    old = old_positions = 0
+    old = old_positions = old_total = old_real = 0
     for idx in (rows[keep].split(mbs) if ctx.cfg.rollout.old_logp == "trainer" else []):
         part = rollout.select(idx)
         old += forward_flops(d, *part.input_ids.shape, int(part.completion_mask.sum()))
         old_positions = max(old_positions, part.input_ids.numel())
+        old_total += part.input_ids.numel()
+        old_real += int(part.attention_mask.sum())
     upd = upd_model = positions = real = micro = 0
     for mb in plan:
         for mi in mb.split(ctx.cfg.schedule.micro_batch_size or len(mb)):
@@ -147,8 +163,12 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
             positions += b * L
             real += int(part.attention_mask.sum())
             micro += 1
-    return {"flops_generate": gen, "flops_pi_old": old, "pi_old_positions": old_positions, "flops_update": upd, "flops_update_model": upd_model,
-            "update_positions": positions, "update_real_tokens": real, "update_micro_batches": micro}
+    return {"flops_generate": gen, "flops_pi_old": old, "flops_update": upd, "flops_update_model": upd_model,
+            "pi_old_positions": old_positions, "pi_old_positions_total": old_total, "pi_old_real_tokens": old_real,
+            "update_positions": positions, "update_real_tokens": real, "update_micro_batches": micro,
+            # decode row-steps: every row is run for all T steps, finished or not
+            "generate_row_steps": n * T,
+            "update_positions_sorted4": sorted_positions(rollout, plan, 4), "generate_real_tokens": int(rollout.completion_mask.sum())}
 
 
 # ---------------------------------------------------------------- cross-check with FlopCounterMode
@@ -310,7 +330,7 @@ def run(args, overrides: list[str]) -> dict:
 
     res = bench_step.measure(None, [*(QUICK if args.quick else DEFAULT), *overrides], threads=args.threads,
                              warmup=args.warmup, rollouts=args.rollouts, repeats=1,
-                             prepare=bench_step.force_full_length, on_step=on_step)
+                             prepare=None if args.natural_length else bench_step.force_full_length, on_step=on_step)
     recs = res["records"]
     d = recs[0]["dims"]
     # the update's micro-batch rows x columns: the tokens of the model's forward matmuls
@@ -340,6 +360,9 @@ def run(args, overrides: list[str]) -> dict:
         "records": [{k: v for k, v in r.items() if k != "dims"} for r in recs],
         "mean_completion_tokens": statistics.fmean(r["tokens"] for r in recs) / res["samples"],
         "update_pad_share": 1 - real / pos, "update_micro_batch_tokens": mb_tokens,
+        "pi_old_pad_share": 1 - sum(r["pi_old_real_tokens"] for r in recs) / max(sum(r["pi_old_positions_total"] for r in recs), 1),
+        "update_pad_share_sorted4": 1 - real / sum(r["update_positions_sorted4"] for r in recs),
+        "generate_pad_share": 1 - sum(r["generate_real_tokens"] for r in recs) / sum(r["generate_row_steps"] for r in recs),
         "phases": phases, "wall_s": time.perf_counter() - t_start,
     }
 
@@ -357,7 +380,9 @@ def print_report(out: dict) -> None:
           f"max_new_tokens {st['max_new_tokens']}, mean completion {out['mean_completion_tokens']:.1f} tokens; "
           f"{st['warmup']} warm-up + {st['rollouts']} timed steps")
     print(f"    update: {out['update_micro_batch_tokens']} positions per micro-batch (rows x trimmed columns), "
-          f"{100 * out['update_pad_share']:.1f}% of them padding")
+          f"{100 * out['update_pad_share']:.1f}% of them padding (pi_old pass {100 * out['pi_old_pad_share']:.1f}%; "
+          f"generate: {100 * out['generate_pad_share']:.1f}% of decode row-steps on finished rows); "
+          f"in micro-batches of 4 rows sorted by length: {100 * out['update_pad_share_sorted4']:.1f}%")
     print(f"{'phase':<10}{'s/step':>9}{'GFLOP/step':>12}{'GFLOP/s':>10}{'% of peak':>11}   per step GFLOP/s")
     for p in PHASES:
         x = out["phases"][p]
@@ -384,6 +409,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1)")
     ap.add_argument("--rollouts", type=int, default=None, help="timed steps (default 3; --quick 1)")
     ap.add_argument("--mm-seconds", type=float, default=0.5, help="seconds per matmul timing block")
+    ap.add_argument("--natural-length", action="store_true",
+                    help="let completions end at EOS (not forced to max_new_tokens): shows the padding computed")
     ap.add_argument("--quick", action="store_true", help="a tiny shape, one step: seconds (for the test)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
