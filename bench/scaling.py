@@ -21,7 +21,11 @@ warmed up (--warmup steps), and then the points are run one step each per round,
 alternating order (no point always first or last), --rounds times. A point's time is the median
 over rounds. The exponent of an axis and phase is the least-squares slope of log(time) against
 log(x) over the axis's points (medians), with the min-max of the same fit done round by round;
-1.0 is linear, the issue's goal for G and length is <= 1.1.
+1.0 is linear, the issue's goal for G and length is <= 1.1. Next to it, the "FLOP exponent": the
+same fit of the phase's executed FLOPs (bench/flops.py:step_flops) -- what the arithmetic alone
+would give (attention is quadratic in length, the weights quadratic in width) -- and the
+GFLOP/s at each point. Time exponent above the FLOP exponent = the phase gets less efficient
+as the axis grows.
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import flops as bench_flops  # noqa: E402  (bench/flops.py)
 import step as bench_step  # noqa: E402  (bench/step.py)
 
 PHASES = ("step", "generate", "pi_old", "update", "score")
+FLOP_PHASES = ("generate", "pi_old", "update")
 BASE = {"model.tiny_hidden_size": 256, "model.tiny_num_layers": 2, "rollout.prompts_per_step": 8,
         "rollout.group_size": 8, "rollout.max_new_tokens": 32}
 AXES = {"G": ("rollout.group_size", [4, 8, 16, 32]),
@@ -94,6 +100,7 @@ def run(args, extra: list[str]) -> dict:
     t_start = time.perf_counter()
     times = [[] for _ in configs]   # per config: one dict of phase seconds per round
     tokens = [[] for _ in configs]  # mean completion length per timed step
+    flops = [[] for _ in configs]   # executed FLOPs per phase per timed step (bench/flops.py)
     info = [None] * len(configs)
     ctxs = []
     with tempfile.TemporaryDirectory(prefix="gspo-bench-scaling-") as tmp:
@@ -116,7 +123,9 @@ def run(args, extra: list[str]) -> dict:
                 order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
                 for i in order:
                     ctx, state = ctxs[i]
+                    index = state.rollout
                     t, rollout = bench_step.timed_step(ctx, state)
+                    flops[i].append(bench_flops.step_flops(ctx, rollout, index))
                     times[i].append(t)
                     tokens[i].append(float(rollout.completion_mask.sum()) / rollout.num_samples)
                 if not args.quiet:
@@ -129,6 +138,7 @@ def run(args, extra: list[str]) -> dict:
     own = (cpu1[3] - cpu0[3]) / wall
     others = max((cpu1[1] - cpu0[1]) / wall - own, 0.0)
     med = [{p: statistics.median(t[p] for t in ts) for p in PHASES} for ts in times]
+    med_flops = [{p: statistics.median(f[f"flops_{p}"] for f in fs) for p in FLOP_PHASES} for fs in flops]
     fits = {}
     for name, pts in where.items():
         xs = [x for x, _ in pts]
@@ -139,13 +149,17 @@ def run(args, extra: list[str]) -> dict:
             per_round = [fit_exponent(xs, [times[i][r][p] for _, i in pts]) for r in range(args.rounds)]
             fits[name][p] = {"exponent": fit_exponent(xs, [med[i][p] for _, i in pts]),
                              "min": min(per_round), "max": max(per_round)}
+            if p in FLOP_PHASES:  # the exponent the phase's arithmetic alone would have
+                fits[name][p]["flop_exponent"] = fit_exponent(xs, [med_flops[i][p] for _, i in pts])
     return {
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
         "base": base, "axes": {n: {"key": axes[n][0], "points": [{"x": x, "config": i} for x, i in where[n]]}
                                for n in names},
         "configs": [{**info[i], "median": med[i], "rounds": times[i],
-                     "mean_completion_tokens": statistics.fmean(tokens[i])} for i in range(len(configs))],
+                     "mean_completion_tokens": statistics.fmean(tokens[i]),
+                     "gflop_per_step": {p: med_flops[i][p] / 1e9 for p in FLOP_PHASES},
+                     "gflops": {p: med_flops[i][p] / med[i][p] / 1e9 for p in FLOP_PHASES}} for i in range(len(configs))],
         "fits": fits, "rounds": args.rounds, "warmup": args.warmup,
         "build_and_warmup_s": t_warm, "wall_s": time.perf_counter() - t_start,
         "cpu_own": own, "cpu_others": others,
@@ -164,15 +178,20 @@ def print_report(out: dict) -> None:
           f"median over rounds (s/step)")
     for name, ax in out["axes"].items():
         print(f"\n{name} ({ax['key']})")
-        print(f"{'x':>6}{'completions':>13}{'mean len':>10}{'params':>10}" + "".join(f"{p:>12}" for p in PHASES))
+        print(f"{'x':>6}{'completions':>13}{'mean len':>10}{'params':>10}" + "".join(f"{p:>13}" for p in PHASES))
         for pt in ax["points"]:
             c = out["configs"][pt["config"]]
             print(f"{pt['x']:>6}{c['samples']:>13}{c['mean_completion_tokens']:>10.1f}{c['params'] / 1e6:>9.2f}M"
-                  + "".join(f"{c['median'][p]:>12.3f}" for p in PHASES))
+                  + "".join(f"{c['median'][p]:>13.3f}" for p in PHASES))
         f = out["fits"][name]
-        print(f"{'exponent':>39}" + "".join(f"{f[p]['exponent']:>12.2f}" if p in f else f"{'-':>12}" for p in PHASES))
+        print(f"{'exponent':>39}" + "".join(f"{f[p]['exponent']:>13.2f}" if p in f else f"{'-':>13}" for p in PHASES))
         print(f"{'per-round min..max':>39}" + "".join(
-            f"{_span(f[p]) if p in f else '-':>12}" for p in PHASES))
+            f"{_span(f[p]) if p in f else '-':>13}" for p in PHASES))
+        print(f"{'FLOP exponent':>39}" + "".join(
+            f"{f[p]['flop_exponent']:>13.2f}" if "flop_exponent" in f.get(p, {}) else f"{'':>13}" for p in PHASES))
+        rates = {p: "/".join(f"{out['configs'][pt['config']]['gflops'][p]:.0f}" for pt in ax["points"])
+                 for p in FLOP_PHASES}
+        print(f"{'GFLOP/s at the points':>39}" + "".join(f"{rates.get(p, ''):>13}" for p in PHASES))
     print(f"\n{out['wall_s']:.0f} s in all ({out['build_and_warmup_s']:.0f} s building and warming up); CPU during the "
           f"rounds: own {out['cpu_own']:.2f}, others {out['cpu_others']:.2f} cores")
 

@@ -64,6 +64,9 @@ def test_quick_runs(tmp_path: Path) -> None:
             assert math.isfinite(fit[phase]["exponent"]), (name, phase)
     for c in s["configs"]:
         assert c["mean_completion_tokens"] == c["max_new_tokens"]
+    # the same prompts, G times as many rows: the arithmetic is linear in G
+    for phase in ("generate", "pi_old", "update"):
+        assert s["fits"]["G"][phase]["flop_exponent"] == pytest.approx(1.0, abs=0.05), phase
 
 
 @pytest.mark.parametrize("shape", [
