@@ -1,6 +1,6 @@
 """FLOP/s of a GSPO training step's phases against this machine's measured fp32 matmul peak.
 
-    python bench/flops.py                                 # hidden 1024, 4 layers, 64 x 128 tokens (~3 min)
+    python bench/flops.py                                 # hidden 1024, 4 layers, 64 x 128 tokens (~2.5 min)
     python bench/flops.py --quick                         # seconds: the test's smoke run
     python bench/flops.py --out flops.json model.tiny_num_layers=6   # key=value overrides, as bench/step.py
 

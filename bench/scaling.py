@@ -1,6 +1,6 @@
 """Step time by phase against group size G, response length and model width, with log-log fits.
 
-    python bench/scaling.py                      # 3 axes x 4 points, 5 interleaved rounds (~4 min)
+    python bench/scaling.py                      # 3 axes x 4 points, 8 interleaved rounds (~2 min)
     python bench/scaling.py --quick              # seconds: the test's smoke run
     python bench/scaling.py --rounds 8 --out scaling.json --axes G,length
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="key=value config overrides applied to every point (after the axes')")
     ap.add_argument("--axes", default="G,length,width", help="comma-separated: G, length, width")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default 5; --quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default 8; --quick 1)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per point first (default 1; --quick 0)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = the library's auto default)")
     ap.add_argument("--quick", action="store_true", help="two tiny points per axis, one round: seconds (for the test)")
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         ap.error(f"not a key=value override: {bad[0]}")
-    args.rounds = (1 if args.quick else 5) if args.rounds is None else args.rounds
+    args.rounds = (1 if args.quick else 8) if args.rounds is None else args.rounds
     args.warmup = (0 if args.quick else 1) if args.warmup is None else args.warmup
     out = run(args, args.overrides)
     print_report(out)
