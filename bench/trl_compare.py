@@ -1,0 +1,580 @@
+"""gspo vs TRL's GRPOTrainer configured for GSPO: wall time per rollout at equal work, side by side.
+
+    python bench/trl_compare.py --out runs/trl_compare.json   # tiny dense, tiny MoE, compute-bound dense (~7 min)
+    python bench/trl_compare.py --quick               # one small round (< 60 s); gspo only when trl is missing
+    python bench/trl_compare.py --workloads tiny-dense --rounds 5 --out runs/trl_compare.json
+    python bench/trl_compare.py --profile --workloads tiny-dense    # + cProfile's top functions of each
+
+Needs the `bench` extra (`pip install -e ".[bench]"`: trl) for the TRL side.
+
+Equal work. Both frameworks train the same saved model (random Qwen3 / Qwen3-MoE weights built
+from a config, fp32, loaded with `from_pretrained` from one directory) with the same character
+tokenizer, on the same prompts in the same order (gspo's arithmetic task; the TRL dataset is laid
+out in the order gspo's prompt sampler deals them, and TRL reads it unshuffled), B prompts x G
+completions per rollout, at most T new tokens sampled at temperature 1, top_p 1, top_k 0 by
+transformers `generate` (no vLLM), the same reward function (`bench_reward`, a deterministic
+checksum of the completion text), group-normalised advantages, M=4 optimizer steps per rollout
+on minibatches of B*G/M sequences (no micro-batching), the sequence-level GSPO loss with clip
+range (3e-4, 4e-4), no KL term, a pi_old pass with the pre-update weights, AdamW (betas 0.9/0.999,
+eps 1e-8, no weight decay) at a constant learning rate, gradient norm clipped to 1, fp32, no
+gradient checkpointing, no evaluation, no intermediate checkpoints.
+
+  TRL: GRPOConfig(importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4,
+       epsilon_high=4e-4, beta=0, num_generations=G, max_completion_length=T,
+       per_device_train_batch_size=B*G/M, gradient_accumulation_steps=1, steps_per_generation=M,
+       num_iterations=1, ...): in TRL 1.16 a "step" of steps_per_generation is one micro-batch of
+       per_device_train_batch_size rows, so with no accumulation one generation batch of B*G rows
+       feeds M optimizer steps; as gradient_accumulation_steps (1) is not a multiple of
+       steps_per_generation (4), TRL runs its no-grad pi_old pass (old_per_token_logps). bf16 and
+       gradient checkpointing (TRL's defaults) are off, router_aux_loss_coef=0 (gspo has no MoE
+       aux loss), logging_strategy="no", report_to="none", save_strategy="no", use_cpu=True.
+  gspo: algo.level=sequence, rollout.old_logp=trainer, schedule.num_minibatches=4, eval off,
+       console/completions/table logging off, checkpoint.every=0 (it still writes metrics.jsonl
+       every step and a checkpoint + final/ after the last rollout: those come after the timed
+       rollouts), rewards.num_workers=1 (gspo's minimum: the reward runs in one forked worker
+       process, TRL calls it in-process; the "score" phase shows what that costs, ~1 ms).
+
+Completion lengths: the tokenizer has the task characters plus 1000 filler characters, so a random
+model samples EOS with probability ~1e-3 per token and completions almost always run to T; the
+mean completion length of each side is reported, and so are completion tokens/s.
+
+Measurement. Each (framework, round) cell is a fresh subprocess with torch.set_num_threads(1),
+OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE. Start-up (imports, model load, trainer set-up) and
+--warmup rollouts are not timed; then --rollouts rollouts are. A rollout's wall time runs from the
+end of one rollout to the end of the next: generation, reward, pi_old pass, the M optimizer steps
+and the framework's own bookkeeping between them. TRL: timestamps at on_step_end of every M-th
+optimizer step (a TrainerCallback); gspo: `gspo.train.train` itself, with a timestamp taken when it
+calls ctx.sync_sampler() at the end of every rollout. Rounds alternate the order (gspo, trl), (trl,
+gspo), ...; the TRL/gspo ratio is taken within a round (median rollout time of each cell) and the
+median over rounds is reported. Each cell also records how many cores other processes kept busy
+during its timed rollouts (/proc/stat), so that a cell slowed by someone else's job shows.
+
+Phases (mean seconds per timed rollout): generate (gspo: HFGenerator.generate; TRL:
+_generate_single_turn), score (the reward call), pi_old (gspo: train.old_logprobs; TRL: its
+no-grad _get_per_token_logps_and_entropies), update (the M optimizer steps: forward, backward,
+clipping, AdamW, scheduler; gspo: train.update; TRL: training_step minus its _prepare_inputs,
+plus the time from the end of training_step to on_step_end), other (the rest of the rollout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+_MARK = "TRL_COMPARE_JSON "
+
+# Model shapes and rollout shapes. B prompts x G completions, T new tokens at most.
+WORKLOADS: dict[str, dict] = {
+    # the demo's model size (gspo demo: hidden 128, 2 layers)
+    "tiny-dense": dict(hidden=128, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=16, G=8, T=32),
+    "tiny-moe": dict(hidden=128, layers=2, heads=4, kv_heads=2, inter=128, moe=True, B=16, G=8, T=32),
+    # ~30M parameters, 128-token responses: the matmuls dominate
+    "compute-dense": dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=2048, moe=False, B=1, G=8, T=128),
+    "compute-moe": dict(hidden=384, layers=6, heads=6, kv_heads=2, inter=512, moe=True, B=1, G=8, T=128),
+}
+DEFAULT_WORKLOADS = ["tiny-dense", "tiny-moe", "compute-dense"]
+# per workload: (warm-up rollouts, timed rollouts, rounds) for the full run
+SCHEDULE = {"tiny-dense": (2, 4, 3), "tiny-moe": (2, 4, 3), "compute-dense": (1, 2, 3), "compute-moe": (1, 2, 3)}
+QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
+M = 4  # optimizer steps (minibatches) per rollout
+LR = 1e-5
+SEED = 0
+FILLER_CHARS = 1000  # extra tokenizer characters, so that EOS is rare under a random model
+NUM_PROMPTS = 2000
+
+
+def bench_reward(prompts, completions, **kwargs) -> list[float]:
+    """Cheap deterministic reward both frameworks call in-process: a checksum of the text in [0, 1]."""
+    out = []
+    for c in completions:
+        text = c if isinstance(c, str) else c[0]["content"]
+        out.append((sum(map(ord, text)) % 11) / 10.0)
+    return out
+
+
+# ---------------------------------------------------------------- models
+
+
+def tokenizer_chars() -> str:
+    from gspo.tasks import TASK_CHARS
+
+    return "".join(sorted(TASK_CHARS)) + "".join(chr(0x4E00 + i) for i in range(FILLER_CHARS))
+
+
+def build_model_dir(path: Path, w: dict) -> dict:
+    """Save a random model of shape `w` and the char tokenizer to `path`; returns its size."""
+    from gspo.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer(tokenizer_chars())
+    model = build_tiny_model(tok, hidden_size=w["hidden"], num_layers=w["layers"], num_heads=w["heads"],
+                             num_kv_heads=w["kv_heads"], intermediate_size=w["inter"], moe=w["moe"], seed=SEED,
+                             max_position_embeddings=max(128, 32 + w["T"]))
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tok)}
+
+
+# ---------------------------------------------------------------- workers (one cell each)
+
+
+def _gspo_overrides(spec: dict, total: int, out_dir: str) -> list[str]:
+    return [
+        f"model.name_or_path={spec['model_dir']}", "model.dtype=float32", "model.device=cpu",
+        "data.source=arithmetic", f"data.num_prompts={NUM_PROMPTS}",
+        f"rollout.prompts_per_step={spec['B']}", f"rollout.group_size={spec['G']}",
+        f"rollout.max_new_tokens={spec['T']}", "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
+        "rollout.old_logp=trainer", "algo.level=sequence", "algo.eps_low=3e-4", "algo.eps_high=4e-4",
+        f"optim.lr={LR}", "optim.weight_decay=0.0", "optim.max_grad_norm=1.0",
+        f"schedule.rollouts={total}", f"schedule.num_minibatches={M}", "schedule.micro_batch_size=0",
+        "schedule.lr_schedule=constant", "eval.enabled=false", "logging.console=false",
+        "logging.completions_every=0", "logging.table_every=0", "checkpoint.every=0", "rewards.num_workers=1",
+        "threads=1", f"seed={SEED}", f"output.dir={out_dir}", "output.name=bench",
+    ]
+
+
+def _prompt_order(spec: dict, total: int) -> list[str]:
+    """The prompts gspo's sampler deals over `total` rollouts, in order (B per rollout)."""
+    from gspo.config import load_config
+    from gspo.data import PromptSampler
+    from gspo.setup import load_prompt_rows
+
+    cfg = load_config(None, _gspo_overrides(spec, total, "/nonexistent"))
+    rows, _ = load_prompt_rows(cfg)
+    sampler = PromptSampler(rows, spec["B"], seed=cfg.seed, shuffle=cfg.data.shuffle, rank=0, world_size=1)
+    return [r["prompt"] for _ in range(total) for r in sampler.next_batch()]
+
+
+class _Phases:
+    """Accumulates wall time per named phase."""
+
+    def __init__(self):
+        self.t: dict[str, float] = {}
+
+    def add(self, name: str, dt: float) -> None:
+        self.t[name] = self.t.get(name, 0.0) + dt
+
+    def wrap(self, name: str, fn):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.add(name, time.perf_counter() - t0)
+        return timed
+
+
+def run_gspo(spec: dict) -> dict:
+    import torch
+
+    from gspo import train as gtrain
+    from gspo.config import load_config
+    from gspo.setup import build_context
+
+    sys.path.insert(0, str(BENCH))
+    total = spec["warmup"] + spec["rollouts"]
+    phases, marks, snaps, tokens = _Phases(), _Marks(spec), [], []
+    with tempfile.TemporaryDirectory(prefix="trl-compare-gspo-") as tmp:
+        t0 = time.perf_counter()
+        cfg = load_config(None, _gspo_overrides(spec, total, tmp))
+        cfg.rewards.functions[0].name = "trl_compare:bench_reward"
+        ctx = build_context(cfg)  # setup_threads(1)
+        torch.set_num_threads(1)
+        t_setup = time.perf_counter() - t0
+
+        gen = ctx.generator.generate
+
+        def generate(*a, **kw):
+            t = time.perf_counter()
+            r = gen(*a, **kw)
+            phases.add("generate", time.perf_counter() - t)
+            tokens.append(int(r.completion_mask.sum()))
+            return r
+
+        ctx.generator.generate = generate
+        sync = ctx.sync_sampler
+
+        def sync_sampler():
+            sync()
+            marks.append(time.perf_counter())
+            snaps.append(dict(phases.t))
+
+        ctx.sync_sampler = sync_sampler
+        saved = gtrain.score, gtrain.old_logprobs, gtrain.update
+        gtrain.score = phases.wrap("score", saved[0])
+        gtrain.old_logprobs = phases.wrap("pi_old", saved[1])
+        gtrain.update = phases.wrap("update", saved[2])
+        try:
+            marks.append(time.perf_counter())
+            snaps.append({})
+            gtrain.train(cfg, ctx=ctx)  # the final checkpoint + final/ come after the last mark
+        finally:
+            gtrain.score, gtrain.old_logprobs, gtrain.update = saved
+            if marks.prof:
+                marks.prof.disable()  # (already off unless the run failed)
+        n_params = sum(p.numel() for p in ctx.model.parameters())
+    return _cell_result("gspo", spec, marks, snaps, tokens, t_setup, n_params, torch.get_num_threads())
+
+
+def run_trl(spec: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    B, G, T = spec["B"], spec["G"], spec["T"]
+    total = spec["warmup"] + spec["rollouts"]
+    phases, marks, snaps, tokens = _Phases(), _Marks(spec), [], []
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+    prompts = _prompt_order(spec, total)
+    ds = Dataset.from_dict({"prompt": prompts})
+    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+
+    def reward(prompts, completions, completion_ids=None, **kw):
+        tokens.append(sum(len(c) for c in completion_ids))
+        return bench_reward(prompts, completions)
+
+    reward.__name__ = "bench_reward"
+    with tempfile.TemporaryDirectory(prefix="trl-compare-trl-") as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+            seed=SEED, data_seed=SEED, shuffle_dataset=False, dataloader_num_workers=0,
+            # GSPO
+            importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4, beta=0.0,
+            scale_rewards="group", num_iterations=1, router_aux_loss_coef=0.0,
+            # rollout shape: one generation batch of B*G rows feeds M optimizer steps of B*G/M rows
+            num_generations=G, max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0,
+            per_device_train_batch_size=B * G // M, gradient_accumulation_steps=1, steps_per_generation=M,
+            max_steps=total * M,
+            # optimizer: AdamW, constant lr, clipping
+            learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
+            adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, optim="adamw_torch",
+            # no eval, logging, saving
+            eval_strategy="no", logging_strategy="no", report_to="none", save_strategy="no",
+            disable_tqdm=True, log_completions=False,
+        )
+        t_end = [0.0]
+
+        class Timer(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                marks.append(time.perf_counter())
+                snaps.append({})
+
+            def on_step_end(self, args, state, control, **kw):
+                phases.add("update", time.perf_counter() - t_end[0])  # clip, optimizer, scheduler
+                if state.global_step % M == 0:
+                    marks.append(time.perf_counter())
+                    snaps.append(dict(phases.t))
+
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds,
+                              processing_class=tok, callbacks=[Timer()])
+        torch.set_num_threads(1)
+        trainer._generate_single_turn = phases.wrap("generate", trainer._generate_single_turn)
+        trainer._calculate_rewards = phases.wrap("score", trainer._calculate_rewards)
+        logps = trainer._get_per_token_logps_and_entropies
+
+        def get_logps(*a, **kw):
+            if torch.is_grad_enabled():
+                return logps(*a, **kw)
+            t = time.perf_counter()
+            try:
+                return logps(*a, **kw)
+            finally:
+                phases.add("pi_old", time.perf_counter() - t)
+
+        trainer._get_per_token_logps_and_entropies = get_logps
+        prep, step = trainer._prepare_inputs, trainer.training_step
+        in_prep = [0.0]
+
+        def prepare_inputs(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return prep(*a, **kw)
+            finally:
+                in_prep[0] += time.perf_counter() - t
+
+        def training_step(*a, **kw):
+            in_prep[0] = 0.0
+            t = time.perf_counter()
+            try:
+                return step(*a, **kw)
+            finally:
+                t_end[0] = time.perf_counter()
+                phases.add("update", t_end[0] - t - in_prep[0])
+
+        trainer._prepare_inputs, trainer.training_step = prepare_inputs, training_step
+        t_setup = time.perf_counter() - t0
+        try:
+            trainer.train()
+        finally:
+            if marks.prof:
+                marks.prof.disable()  # (already off unless the run failed)
+        n_params = sum(p.numel() for p in model.parameters())
+        trl_version = __import__("trl").__version__
+    res = _cell_result("trl", spec, marks, snaps, tokens, t_setup, n_params, torch.get_num_threads())
+    res["trl_version"] = trl_version
+    return res
+
+
+def _cpu_sample() -> tuple[float, float, float]:
+    """(wall s, machine busy CPU-s over all cores, this process's CPU-s incl. finished children)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        busy = (v[0] + v[1] + v[2] + v[5] + v[6]) / hz  # user nice system irq softirq
+    except (OSError, ValueError, IndexError):
+        busy = float("nan")
+    t = os.times()
+    return time.perf_counter(), busy, t.user + t.system
+
+
+class _Marks(list):
+    """Rollout-end timestamps (the first is the start). Samples the machine's CPU use over the
+    timed rollouts (so that a cell slowed by someone else's job shows), and with --profile runs
+    a cProfile.Profile over exactly the timed rollouts."""
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self.warmup, self.last = spec["warmup"] + 1, spec["warmup"] + spec["rollouts"] + 1
+        self.cpu: list = []
+        self.prof = None
+        if spec.get("profile"):
+            import cProfile
+
+            self.prof = cProfile.Profile()
+
+    def append(self, x) -> None:
+        super().append(x)
+        if len(self) in (self.warmup, self.last):
+            if self.prof is not None:
+                (self.prof.enable if len(self) == self.warmup else self.prof.disable)()
+            self.cpu.append(_cpu_sample())
+
+    def others_cores(self) -> float:
+        """Cores other processes kept busy, on average, during the timed rollouts."""
+        if len(self.cpu) < 2:
+            return float("nan")
+        (w0, b0, o0), (w1, b1, o1) = self.cpu[:2]
+        return max(0.0, ((b1 - b0) - (o1 - o0)) / max(w1 - w0, 1e-9))
+
+
+def _cell_result(framework, spec, marks, snaps, tokens, t_setup, n_params, threads) -> dict:
+    w = spec["warmup"]
+    times = [b - a for a, b in zip(marks[w:], marks[w + 1:])]
+    phase = {}
+    names = sorted({k for s in snaps for k in s})
+    for k in names:
+        phase[k] = (snaps[-1].get(k, 0.0) - snaps[w].get(k, 0.0)) / max(len(times), 1)
+    phase["other"] = statistics.fmean(times) - sum(phase.values()) if times else float("nan")
+    tok = tokens[w:w + len(times)]
+    n_seq = spec["B"] * spec["G"]
+    res = {
+        "framework": framework, "rollout_s": times, "median_s": statistics.median(times) if times else float("nan"),
+        "tokens": tok, "tokens_per_s": sum(tok) / sum(times) if times else float("nan"),
+        "mean_completion_len": sum(tok) / (len(tok) * n_seq) if tok else float("nan"),
+        "phases": phase, "setup_s": t_setup, "params": n_params, "threads": threads,
+        "others_cores": marks.others_cores(),
+    }
+    if marks.prof is not None:
+        res["profile"] = _profile_top(marks.prof)
+    return res
+
+
+def _profile_top(prof, n: int = 25) -> list[str]:
+    import io
+    import pstats
+
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    return [ln for ln in s.getvalue().splitlines() if ln.strip()][-n - 1:]
+
+
+def worker_main(framework: str, spec: dict) -> None:
+    if framework == "gspo":
+        res = run_gspo(spec)
+    else:
+        res = run_trl(spec)
+    print(_MARK + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(
+                   [str(ROOT / "src"), str(BENCH), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               TRANSFORMERS_VERBOSITY="error")
+    return env
+
+
+def run_cell(framework: str, spec: dict, timeout: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", framework, "--spec", json.dumps(spec)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=str(ROOT))
+    for line in p.stdout.splitlines():
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    raise RuntimeError(f"{framework} worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+
+
+def trl_available() -> str | None:
+    """None when trl imports, else the reason it does not."""
+    try:
+        import trl  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return f"trl is not importable ({type(e).__name__}: {e}); pip install -e '.[bench]'"
+    return None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default per workload)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed rollouts per cell (default per workload)")
+    ap.add_argument("--rollouts", type=int, default=None, help="timed rollouts per cell (default per workload)")
+    ap.add_argument("--quick", action="store_true", help="one small round of a tiny model (< 60 s)")
+    ap.add_argument("--gspo-only", action="store_true", help="skip the TRL side")
+    ap.add_argument("--profile", action="store_true", help="cProfile the timed rollouts; print each side's top functions")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
+    ap.add_argument("--worker", choices=["gspo", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        worker_main(a.worker, json.loads(a.spec))
+        return {}
+
+    skip = "--gspo-only" if a.gspo_only else trl_available()
+    frameworks = ["gspo"] if skip else ["gspo", "trl"]
+    if skip and not a.gspo_only:
+        print(f"TRL side skipped: {skip}", file=sys.stderr)
+    if a.quick:
+        workloads = {"quick": QUICK}
+        sched = {"quick": (1, 2, 1)}
+    else:
+        names = a.workloads or DEFAULT_WORKLOADS
+        workloads = {n: WORKLOADS[n] for n in names}
+        sched = {n: SCHEDULE[n] for n in names}
+    sys.path.insert(0, str(ROOT / "src"))
+    results: dict = {"machine": _machine(), "frameworks": frameworks, "trl_skipped": skip, "workloads": {}}
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="trl-compare-models-") as tmp:
+        for name, w in workloads.items():
+            warm, timed, rounds = sched[name]
+            warm = a.warmup if a.warmup is not None else warm
+            timed = a.rollouts if a.rollouts is not None else timed
+            rounds = a.rounds if a.rounds is not None else rounds
+            mdir = Path(tmp) / name
+            info = build_model_dir(mdir, w)
+            spec = {**w, "model_dir": str(mdir), "warmup": warm, "rollouts": timed, "profile": a.profile}
+            cells: list[dict] = []
+            for r in range(rounds):
+                order = frameworks if r % 2 == 0 else frameworks[::-1]
+                row = {}
+                for fw in order:
+                    t0 = time.perf_counter()
+                    row[fw] = run_cell(fw, spec, a.timeout)
+                    row[fw]["cell_wall_s"] = time.perf_counter() - t0
+                    print(f"  {name} round {r + 1}/{rounds} {fw}: {row[fw]['median_s']:.3f} s/rollout "
+                          f"({row[fw]['tokens_per_s']:.0f} tok/s, cell {row[fw]['cell_wall_s']:.0f} s)", file=sys.stderr)
+                cells.append(row)
+            results["workloads"][name] = _summarise(name, w, info, spec, cells, frameworks)
+    results["wall_s"] = time.perf_counter() - t_all
+    print(format_table(results))
+    if a.profile:
+        for name, wres in results["workloads"].items():
+            for fw in frameworks:
+                prof = wres["cells"][0][fw].get("profile")
+                if prof:
+                    print(f"\n--- cProfile {name} / {fw} (timed rollouts, by own time) ---")
+                    print("\n".join(prof))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _summarise(name, w, info, spec, cells, frameworks) -> dict:
+    out = {"shape": {k: w[k] for k in w}, **info, "M": M, "warmup": spec["warmup"], "rollouts": spec["rollouts"],
+           "rounds": len(cells), "cells": cells}
+    for fw in frameworks:
+        med = [c[fw]["median_s"] for c in cells]
+        out[fw] = {
+            "rollout_s": statistics.median(med), "rollout_s_min": min(med), "rollout_s_max": max(med),
+            "tokens_per_s": statistics.median(c[fw]["tokens_per_s"] for c in cells),
+            "mean_completion_len": statistics.fmean(c[fw]["mean_completion_len"] for c in cells),
+            "phases": {k: statistics.median(c[fw]["phases"].get(k, 0.0) for c in cells)
+                       for k in ("generate", "score", "pi_old", "update", "other")},
+            "setup_s": statistics.median(c[fw]["setup_s"] for c in cells),
+            "threads": cells[0][fw]["threads"],
+            "others_cores_max": max(c[fw]["others_cores"] for c in cells),
+        }
+    if "trl" in frameworks:
+        ratios = [c["trl"]["median_s"] / c["gspo"]["median_s"] for c in cells]
+        out["ratio_trl_over_gspo"] = statistics.median(ratios)
+        out["ratios"] = ratios
+        # the same in completion tokens/s (gspo over TRL), neutral to any difference in lengths
+        out["ratio_tokens_per_s"] = statistics.median(c["gspo"]["tokens_per_s"] / c["trl"]["tokens_per_s"] for c in cells)
+    return out
+
+
+def format_table(results: dict) -> str:
+    head = (f"{'workload':<14} {'params':>7} {'BxG,T':>9} {'side':<5} {'s/rollout':>10} {'tok/s':>8} {'len':>6} "
+            f"{'gen':>7} {'pi_old':>7} {'update':>7} {'other':>7}  TRL/gspo")
+    lines = [head]
+    for name, w in results["workloads"].items():
+        s = w["shape"]
+        first = [name, f"{w['params'] / 1e6:.2f}M", f"{s['B']}x{s['G']},{s['T']}"]
+        for i, fw in enumerate(results["frameworks"]):
+            f, ph = w[fw], w[fw]["phases"]
+            c = first if i == 0 else ["", "", ""]
+            ratio = f"{w['ratio_trl_over_gspo']:.2f}x" if i == 0 and "ratio_trl_over_gspo" in w else ""
+            lines.append(f"{c[0]:<14} {c[1]:>7} {c[2]:>9} {fw:<5} {f['rollout_s']:>10.3f} {f['tokens_per_s']:>8.0f} "
+                         f"{f['mean_completion_len']:>6.1f} {ph['generate']:>7.3f} {ph['pi_old']:>7.3f} "
+                         f"{ph['update']:>7.3f} {ph['other'] + ph['score']:>7.3f}  {ratio}")
+    busy = max(w[fw]["others_cores_max"] for w in results["workloads"].values() for fw in results["frameworks"])
+    m = results["machine"]
+    lines.append(f"(median over rounds; phases in s per rollout, 'other' includes the reward; {m['cpu']}, "
+                 f"{m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, trl {m.get('trl', '-')}, "
+                 f"1 thread; other processes kept up to {busy:.2f} cores busy during a timed cell)")
+    return "\n".join(lines)
+
+
+def _machine() -> dict:
+    import platform
+
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    m = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+         "transformers": transformers.__version__}
+    try:
+        import trl
+
+        m["trl"] = trl.__version__
+    except Exception:
+        pass
+    return m
+
+
+if __name__ == "__main__":
+    main()
