@@ -89,6 +89,16 @@ class RolloutConfig:
 
 
 @dataclass
+class VllmConfig:
+    gpu_memory_utilization: float = doc(0.3, "rollout.backend=vllm: fraction of the GPU the engine may take (weights, activations, KV cache); the trainer keeps the rest")
+    sleep: bool = doc(True, "vllm: free the engine's GPU memory between rollouts (sleep level 1; ignored where unsupported, e.g. CPU)")
+    dtype: str = doc("auto", "vllm engine dtype: auto (a bf16/fp16 policy's own, else bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    enforce_eager: bool = doc(False, "vllm: no CUDA graphs or torch.compile (starts faster, decodes slower)")
+    max_model_len: int = doc(0, "vllm: longest prompt + completion served (0 = data.max_prompt_tokens + rollout.max_new_tokens)")
+    kv_cache_gb: float = doc(0.0, "vllm: KV cache size in GiB (0 = sized by vLLM from gpu_memory_utilization, or its CPU default)")
+
+
+@dataclass
 class RewardFunctionConfig:
     name: str = doc("exact_answer", "built-in reward name or dotted import path (pkg.module:function)")
     weight: float = doc(1.0, "weight of this function in the summed reward")
@@ -175,6 +185,7 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -319,6 +330,7 @@ def validate(cfg: Config) -> None:
     _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
     _check(r.batch_size >= 0, "rollout.batch_size", "must be >= 0")
     _check(r.old_logp in ("trainer", "sampler"), "rollout.old_logp", f"'{r.old_logp}' is not trainer | sampler")
+    _validate_vllm(cfg)
     n = r.prompts_per_step * r.group_size
     _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
     _check(n % s.num_minibatches == 0, "schedule.num_minibatches",
@@ -366,3 +378,21 @@ def validate(cfg: Config) -> None:
     _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
     _check(cfg.threads >= 0, "threads", "must be >= 0")
     _check(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain directory name")
+
+
+def _validate_vllm(cfg: Config) -> None:
+    """The vllm section, and the rollout settings the vllm backend cannot honour exactly."""
+    v, r = cfg.vllm, cfg.rollout
+    _check(0 < v.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "must be in (0, 1]")
+    _check(v.dtype in ("auto", "float32", "bfloat16", "float16"), "vllm.dtype",
+           f"'{v.dtype}' is not auto | float32 | bfloat16 | float16")
+    _check(v.max_model_len >= 0, "vllm.max_model_len", "must be >= 0")
+    _check(v.kv_cache_gb >= 0, "vllm.kv_cache_gb", "must be >= 0")
+    if r.backend != "vllm":
+        return
+    need = cfg.data.max_prompt_tokens + r.max_new_tokens
+    _check(v.max_model_len == 0 or v.max_model_len >= need, "vllm.max_model_len",
+           f"{v.max_model_len} is shorter than data.max_prompt_tokens + rollout.max_new_tokens = {need}")
+    from gspo.vllm_backend import logprobs_mode_for
+
+    logprobs_mode_for(r.temperature, r.top_p, r.top_k)  # raises a ConfigError naming the field

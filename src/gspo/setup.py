@@ -191,9 +191,15 @@ class RunContext:
         from gspo.evaluate import evaluate
 
         e = self.cfg.eval
+        generator = self.generator
+        if self.cfg.rollout.backend == "vllm" and self.dist.world_size > 1:
+            # vLLM's data-parallel ranks step together: rank 0 cannot sample alone
+            r = self.cfg.rollout
+            generator = HFGenerator(self.sampler_model, self.tokenizer, temperature=r.temperature, top_p=r.top_p,
+                                    top_k=r.top_k, max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None)
         return evaluate(self.sampler_model, self.tokenizer, self.eval_rows[: e.num_prompts], self.rewards,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, pass_k=e.pass_k,
-                        generator=self.generator, chat=self.chat)
+                        generator=generator, chat=self.chat)
 
     def save(self, state) -> Path:
         d = self.dist
@@ -228,6 +234,8 @@ class RunContext:
 
     def close(self) -> None:
         self.rewards.close()
+        if hasattr(self.generator, "close"):  # the vllm engine's memory
+            self.generator.close()
         if self.routes is not None:
             self.routes.close()
         distributed.shutdown(self.dist)
@@ -239,6 +247,30 @@ def _check_extras(cfg: Config) -> None:
             import peft  # noqa: F401
         except ImportError:
             raise ConfigError("config field 'lora.enabled': LoRA needs peft: pip install 'gspo[lora]'") from None
+    if cfg.rollout.backend == "vllm":
+        from gspo.vllm_backend import check_available
+
+        check_available()  # vllm importable, and a CUDA device or a CPU build of vLLM
+
+
+def _vllm_generator(cfg: Config, model, tok, d: Dist):
+    """A colocated vLLM engine holding `model`'s weights (LoRA merged); it gets the trainer's
+    new weights through `RunContext.sync_sampler` after every update. Under torchrun every
+    process runs its own engine on its own prompts (a vLLM data-parallel rank); under FSDP2 it
+    is fed from the full sampler copy that `sync_sampler` refreshes."""
+    from gspo.vllm_backend import VLLMGenerator
+
+    r, v = cfg.rollout, cfg.vllm
+    max_len = v.max_model_len
+    if not max_len:  # what start-up filtering lets through, within the model's positions
+        max_len = cfg.data.max_prompt_tokens + r.max_new_tokens
+        cap = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        max_len = min(max_len, cap) if isinstance(cap, int) and cap > 0 else max_len
+    return VLLMGenerator(model, tok, workdir=cfg.run_dir / "vllm", temperature=r.temperature, top_p=r.top_p,
+                         top_k=r.top_k, max_new_tokens=r.max_new_tokens, max_model_len=max_len,
+                         gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, dtype=v.dtype,
+                         enforce_eager=v.enforce_eager, kv_cache_gb=v.kv_cache_gb, seed=cfg.seed,
+                         world_size=d.world_size, quiet=not d.is_main)
 
 
 def build_context(cfg: Config) -> RunContext:
@@ -276,8 +308,6 @@ def build_context(cfg: Config) -> RunContext:
     r = cfg.rollout
     sampler = PromptSampler(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
                             rank=d.rank, world_size=d.world_size)
-    if r.backend == "vllm":
-        raise ConfigError("config field 'rollout.backend': vllm is not available in this build yet; use hf")
     mp = cfg.model.mixed_precision == "bf16"
     sampler_model = distributed.sampler_copy(model, d) or model
     # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
@@ -289,8 +319,11 @@ def build_context(cfg: Config) -> RunContext:
                             autocast_dtype=autocast)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
-    generator = HFGenerator(sampler_model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None)
+    if r.backend == "vllm":
+        generator = _vllm_generator(cfg, sampler_model, tok, d)
+    else:
+        generator = HFGenerator(sampler_model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None)
     params = [p for p in trainer.parameters() if p.requires_grad]
     o = cfg.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps,
