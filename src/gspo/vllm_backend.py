@@ -53,10 +53,12 @@ def check_available() -> str:
     except ImportError as e:
         raise ConfigError(f"config field 'rollout.backend': vllm is not installed ({e}); "
                           f"install it with: {INSTALL_HINT}, or use rollout.backend=hf") from None
+    except Exception as e:  # a broken install (e.g. a torchvision built for another torch)
+        raise ConfigError(f"config field 'rollout.backend': vllm is installed but does not import: {e!r}") from None
     try:
         from vllm.platforms import current_platform
-    except Exception as e:  # a broken install (e.g. torch/torchvision mismatch)
-        raise ConfigError(f"config field 'rollout.backend': vllm is installed but does not import: {e}") from None
+    except Exception as e:
+        raise ConfigError(f"config field 'rollout.backend': vllm is installed but does not import: {e!r}") from None
     if current_platform.is_cpu():
         return "cpu"
     if torch.cuda.is_available() and current_platform.is_cuda_alike():
