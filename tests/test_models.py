@@ -4,6 +4,8 @@ import warnings
 
 import pytest
 import torch
+
+import gspo.models
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gspo.models import (
@@ -205,9 +207,10 @@ class _VocabTensorSizes(TorchDispatchMode):
         return out
 
 
-def test_logits_never_materialised_for_whole_batch(tok):
+def test_logits_never_materialised_for_whole_batch(tok, monkeypatch):
     """No single op output, and nothing saved for backward, holds more than one chunk of
     [tokens × vocab] values (the naive reference breaks both, so the test can fail)."""
+    monkeypatch.setattr(gspo.models, "_UNCHECKPOINTED_LOGITS_BYTES", 0)  # as for a real vocabulary
     # hidden_size 32 so no activation width coincides with the vocabulary size (51).
     m = build_tiny_model(tok, hidden_size=32, intermediate_size=64)
     v, chunk = len(tok), 8
@@ -354,3 +357,18 @@ def test_resolve_device():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto").type == expected
     assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_small_logits_skip_recompute_with_equal_values_and_gradients(tok, monkeypatch):
+    """Below the size threshold the head is not checkpointed; values and gradients are the
+    checkpointed path's."""
+    ids, mask = _batch(len(tok), seed=3)
+    results = []
+    for limit in (0, 1 << 30):
+        monkeypatch.setattr(gspo.models, "_UNCHECKPOINTED_LOGITS_BYTES", limit)
+        m = build_tiny_model(tok, seed=4)
+        out = token_logprobs(m, ids, mask, 5, chunk_size=7)
+        out.sum().backward()
+        results.append((out.detach(), m.lm_head.weight.grad.clone(), m.model.layers[0].mlp.up_proj.weight.grad.clone()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -100,8 +100,8 @@ def test_top_k_top_p_filter_sampling_not_logp(model, tok):
 
 
 def test_recorded_logp_equals_generate_output_logits(model, tok):
-    """The logits processor sees the same raw logits that `output_logits=True` returns."""
-    gen = HFGenerator(model, tok, temperature=0.9, top_k=4, max_new_tokens=6)
+    """engine="hf": the logits processor sees the same raw logits that `output_logits=True` returns."""
+    gen = HFGenerator(model, tok, temperature=0.9, top_k=4, max_new_tokens=6, engine="hf")
     torch.manual_seed(1)
     r = gen.generate(["ab", "user: 3\nassistant: "], 2)
     ids, mask = r.prompt_ids, r.prompt_mask
@@ -252,3 +252,30 @@ def test_seeded_chunks_do_not_depend_on_the_split(model, tok):
     torch.testing.assert_close(whole.sampler_logp[8:, :t], second.sampler_logp)
     other = gen.generate(prompts, 4, seed=78)
     assert other.completions != whole.completions
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.7), (4, 0.8)])
+def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
+    """Empirical frequencies of 40k draws match softmax(logits / T) after top-k then top-p
+    (renormalised), and the returned log-probs are of the unfiltered distribution."""
+    from gspo.rollout import sample_tokens
+
+    temp = 0.8
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
+    p = torch.softmax(logits / temp, -1)
+    want = p.clone()
+    if top_k:
+        want[torch.argsort(p, descending=True)[top_k:]] = 0
+    if top_p < 1:
+        srt, order = torch.sort(want, descending=True)
+        cum_before = (srt / srt.sum()).cumsum(0) - srt / srt.sum()
+        want[order[cum_before >= top_p]] = 0
+    want = want / want.sum()
+    torch.manual_seed(0)
+    n = 40_000
+    tokens, lp = sample_tokens(logits.expand(n, -1), temp, top_k, top_p)
+    freq = torch.bincount(tokens, minlength=len(logits)).double() / n
+    assert (freq[want == 0] == 0).all()  # filtered tokens are never drawn
+    assert (freq - want).abs().sum() / 2 < 0.015  # total variation (sampling noise ~0.005)
+    torch.testing.assert_close(lp, torch.log(p)[tokens], rtol=0, atol=1e-6)
+

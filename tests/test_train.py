@@ -221,3 +221,26 @@ def test_on_policy_schedule_runs_no_separate_pi_old_pass(tmp_path):
     h.remove()
     assert calls == [] and (out == 0).all()
     ctx.close()
+
+
+def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
+    """Splitting a minibatch into micro-batches of uneven lengths changes no metric: token
+    fractions are token-weighted, ratio min / max are the min / max (not averages)."""
+    import dataclasses
+
+    from gspo.train import old_logprobs, update
+
+    results = []
+    for i, micro in enumerate((0, 1)):
+        ctx, rollout, adv, plan, state, torch = _step_inputs(
+            tmp_path / str(i), "schedule.num_minibatches=2", f"schedule.micro_batch_size={micro}", "optim.lr=0.05")
+        lengths = torch.arange(rollout.num_samples) % rollout.completion_ids.shape[1] + 1  # 1..T, uneven
+        keep = (torch.arange(rollout.completion_ids.shape[1])[None, :] < lengths[:, None]).long()
+        rollout = dataclasses.replace(rollout, completion_mask=rollout.completion_mask * keep)
+        results.append(update(ctx, rollout, old_logprobs(ctx, rollout, skip=plan[0]), adv, state, plan,
+                              fill_first=True))
+        ctx.close()
+    whole, split = results
+    for k in ("clip/token_frac", "kl/approx", "ratio/seq_min", "ratio/seq_max", "clip/seq_frac", "loss"):
+        assert split[1][k] == pytest.approx(whole[1][k], rel=1e-4, abs=1e-7), k  # step 2 follows a step
+    assert split[1]["ratio/seq_min"] < split[1]["ratio/seq_max"]  # the second step is off-policy

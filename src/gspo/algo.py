@@ -301,6 +301,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, metrics
 
 
+# metrics that are means over completion tokens (the rest of `_metrics` are over sequences,
+# or a min / max): combined across micro-batches and processes weighted by token counts
+TOKEN_METRICS = ("clip/token_frac", "clip/token_frac_low", "clip/token_frac_high", "kl/approx")
+
+
 @torch.no_grad()
 def _metrics(loss, ratio, adv, tok_lr, seq_ratio, mask, lengths, max_log_ratio, lo, hi):
     """See policy_loss. ratio: (B,) s_i at the sequence levels or (B, T) w_it at the token

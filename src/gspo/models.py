@@ -304,6 +304,11 @@ def token_logprobs(
     return out
 
 
+# Below this many bytes of fp32 logits for a whole call, the head runs without checkpointing
+# (its saved tensors are a few times this): recomputing it would only cost time.
+_UNCHECKPOINTED_LOGITS_BYTES = 16 << 20
+
+
 def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                   chunk_size: int = 512, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
     """log_softmax(head(hidden) / temperature)[targets] for M tokens, `chunk_size` at a time.
@@ -311,10 +316,14 @@ def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperat
     (M, H), (M,) -> (M,) float32. With grad, each chunk runs under activation checkpointing, so
     only one chunk's [chunk x vocab] fp32 logits exist at a time, in the forward pass and again
     (recomputed) in the backward pass; the full [M x vocab] logits are never materialised.
+    When all M x vocab fp32 logits fit in 16 MiB (small vocabularies), nothing is recomputed.
     """
     use_ckpt = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
     )
+    vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+    if use_ckpt and hidden.shape[0] * vocab * 4 <= _UNCHECKPOINTED_LOGITS_BYTES:
+        use_ckpt = False  # small logits (a small vocabulary): keeping them costs less than recomputing
     pieces = []
     for start in range(0, hidden.shape[0], chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]

@@ -1,10 +1,12 @@
 """Sampling G completions per prompt into a typed `Rollout`.
 
-`HFGenerator` samples with transformers' ``generate`` (CPU or GPU) from the very module the
-trainer updates. Next to the tokens it records the sampler's log-probabilities of the
-temperature-scaled, UNFILTERED distribution, log_softmax(raw_logits / T), which is what the
-trainer's `gspo.models.token_logprobs` computes for π_old: top-p / top-k only decide which
-tokens can be drawn, they do not redefine π (GSPO.md, "Pitfalls").
+`HFGenerator` samples from the very module the trainer updates (CPU or GPU), with gspo's own
+KV-cache decode loop (`decode`: head on the last position only, finished rows leave the batch,
+inverse-CDF sampling) or with transformers' ``generate`` (``engine="hf"``). Next to the tokens it
+records the sampler's log-probabilities of the temperature-scaled, UNFILTERED distribution,
+log_softmax(raw_logits / T), which is what the trainer's `gspo.models.token_logprobs` computes
+for π_old: top-p / top-k only decide which tokens can be drawn, they do not redefine π
+(GSPO.md, "Pitfalls").
 """
 
 from __future__ import annotations
@@ -175,8 +177,85 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return ids.to(device), mask.to(device)
 
 
+def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0):
+    """Draw one token per row from softmax(logits / T) restricted by top-k, then top-p.
+
+    (b, V) raw logits -> (tokens (b,) long, log_softmax(logits / T)[token] (b,) float32): the
+    log-prob is of the UNFILTERED distribution (the filters only decide what can be drawn).
+    Drawing by inverse CDF (float64 cumulative sum, one uniform per row) is exact and, on a CPU,
+    an order of magnitude cheaper than torch.multinomial.
+    """
+    scaled = logits.float() / temperature  # (b, V)
+    logp = scaled - torch.logsumexp(scaled, dim=-1, keepdim=True)  # (b, V)
+    allowed = logp
+    vocab = logp.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logp, top_k, dim=-1).values[:, -1:]  # (b, 1)
+        allowed = allowed.masked_fill(allowed < kth, float("-inf"))
+    if top_p < 1.0:  # the smallest set of most likely tokens holding >= top_p of the mass
+        srt, order = torch.sort(allowed, dim=-1, descending=True)
+        p = torch.softmax(srt, dim=-1)
+        drop = (p.cumsum(-1) - p) >= top_p  # mass before this token already reaches top_p
+        drop[:, 0] = False
+        allowed = allowed.scatter(-1, order, srt.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(allowed, dim=-1).double()
+    cdf = probs.cumsum(-1)  # (b, V)
+    u = torch.rand(cdf.shape[0], 1, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=vocab - 1)  # (b,)
+    bad = probs.gather(-1, tokens[:, None]).squeeze(-1) == 0  # u rounded onto the last edge
+    tokens = torch.where(bad, probs.argmax(-1), tokens)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int, eos_token_ids: Sequence[int],
+           pad_token_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    """Sample completions of left-padded prompts with a KV cache: (B, P), (B, P) ->
+    (completion ids (B, T_gen) padded with `pad_token_id` after each row's first EOS,
+    log_softmax(logits / T) of each token (B, T_gen) float32, 0 on padding).
+
+    The loop does what sampling needs and nothing else: the head runs on the last position only
+    (``logits_to_keep=1``, also in the prefill), and a row that has drawn EOS leaves the batch
+    and the cache at once, so finished rows cost nothing in later steps (transformers'
+    ``generate`` keeps decoding them until every row is done).
+    """
+    from transformers import DynamicCache
+
+    from gspo.models import position_ids_from_mask
+
+    n, device = ids.shape[0], ids.device
+    eos = torch.tensor(list(eos_token_ids), device=device)
+    tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    cache = DynamicCache(config=getattr(model, "config", None))
+    pos = position_ids_from_mask(mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    rows = torch.arange(n, device=device)  # rows still decoding, as indices into the batch
+    attn, next_pos = mask, pos[:, -1:] + 1
+    used = 0
+    for t in range(max_new_tokens):
+        tok, lp = sample_tokens(out.logits[:, -1], temperature, top_k, top_p)
+        tokens[rows, t], logps[rows, t] = tok, lp
+        used = t + 1
+        if t == max_new_tokens - 1:
+            break
+        going = ~torch.isin(tok, eos)
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+            cache.batch_select_indices(keep)
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        next_pos = next_pos + 1
+    return tokens[:, :used], logps[:, :used]
+
+
 class HFGenerator:
-    """Sample with transformers' ``model.generate`` from the trainer's own module.
+    """Sample from the trainer's own module: `decode` (``engine="gspo"``, the default) or
+    transformers' ``model.generate`` (``engine="hf"``), with the same sampling rule.
 
     - Prompts are tokenized once with ``add_special_tokens=False`` by default: prompts are
       expected fully rendered (a chat template already writes BOS and role markers; adding
@@ -186,14 +265,18 @@ class HFGenerator:
       `batch_size` sequences (all at once when None), with torch's global RNG, or with a
       forked RNG seeded per chunk when `generate` gets a `seed` (then the rollout depends on
       the seed and the chunking only, not on how rows are spread over processes).
-    - generate runs with a fresh generation config holding only temperature, top-p, top-k,
-      max_new_tokens and the special ids, so sampling defaults shipped with a checkpoint
-      (repetition penalty, min-p, …) never act unseen: the behaviour policy is exactly
-      "softmax(logits / T), then top-k/top-p filtering".
+    - The behaviour policy is exactly "softmax(logits / T), then top-k/top-p filtering":
+      sampling defaults shipped with a checkpoint (repetition penalty, min-p, …) never act.
+      `decode` applies nothing else; with ``engine="hf"``, generate runs with a fresh
+      generation config holding only temperature, top-p, top-k, max_new_tokens and the
+      special ids.
     - `sampler_logp` is log_softmax(raw_logits / temperature) of each sampled token over the
-      full vocabulary (top-k / top-p never renormalise it), 0 on padding. It is recorded by a
-      logits processor rather than ``output_logits=True``, which would hold all T steps of
-      (B, V) fp32 logits; the values are the same (tested).
+      full vocabulary (top-k / top-p never renormalise it), 0 on padding. With
+      ``engine="hf"`` it is recorded by a logits processor rather than ``output_logits=True``,
+      which would hold all T steps of (B, V) fp32 logits; the values are the same (tested).
+    - `decode` is ~1.4x faster than generate on a CPU at equal work (bench: docs/benchmarks.md)
+      and skips finished rows; ``engine="hf"`` is there for architectures whose cache or
+      forward needs generate's own preparation.
     - The model is put in eval mode for sampling and its previous mode is restored.
     """
 
@@ -209,6 +292,7 @@ class HFGenerator:
         batch_size: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         add_special_tokens: bool = False,
+        engine: str = "gspo",
     ):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 (no greedy decoding), got {temperature}")
@@ -220,6 +304,9 @@ class HFGenerator:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if engine not in ("gspo", "hf"):
+            raise ValueError(f"engine must be gspo | hf, got {engine!r}")
+        self.engine = engine
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = float(temperature)
@@ -256,6 +343,10 @@ class HFGenerator:
     @torch.no_grad()
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor):
         """One chunk: (B, P) left-padded prompts → (B, T_gen) completion ids and log-probs."""
+        if self.engine == "gspo":
+            return decode(self.model, ids, mask, max_new_tokens=self.max_new_tokens, eos_token_ids=self.eos_token_ids,
+                          pad_token_id=self.pad_token_id, temperature=self.temperature, top_k=self.top_k,
+                          top_p=self.top_p)
         recorder = _RawLogprobRecorder(self.temperature)
         out = self.model.generate(
             input_ids=ids,

@@ -150,6 +150,7 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
             mb_tokens = d.all_reduce([rollout.completion_mask[mb_idx].sum().item()])[0]
         micro = cfg.schedule.micro_batch_size or len(mb_idx)
         sums: dict[str, float] = {}
+        tokens = 0.0
         loss_total = 0.0
         gaps = []
         for mi in mb_idx.split(micro):
@@ -172,14 +173,26 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
+            n_tok = m["completion/len_mean"] * len(mi)  # completion tokens in this micro-batch
+            tokens += n_tok
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v * share
+                if k in algo.TOKEN_METRICS:  # per-token fractions: weighted by tokens
+                    sums[k] = sums.get(k, 0.0) + v * n_tok
+                elif k.endswith("_min") or k.endswith("_max"):
+                    pick = min if k.endswith("_min") else max
+                    sums[k] = pick(sums.get(k, v), v)
+                else:  # per-sequence means: weighted by sequences
+                    sums[k] = sums.get(k, 0.0) + v * share
         grad_norm = _grad_norm(ctx)
         if gaps:
             sums.update(_mismatch_parts(gaps))
         if ctx.routes is not None:
             sums.update(ctx.routes.take_metrics(per_layer=cfg.logging.routing_per_layer, captured=fill))
-        metrics = d.reduce_metrics({**sums, "loss": loss_total})  # one decision on every rank
+        metrics = d.reduce_metrics({**sums, "loss": loss_total, "tokens/minibatch": tokens},  # one decision
+                                   sums=(*algo.TOKEN_METRICS, "tokens/minibatch"))       # on every rank
+        for k in algo.TOKEN_METRICS:
+            if k in metrics:
+                metrics[k] /= max(metrics["tokens/minibatch"], 1.0)
         loss_total = metrics["loss"]
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = ctx.scheduler.get_last_lr()[0]
