@@ -146,7 +146,7 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
     keep[plan[0]] = False  # train.old_logprobs(skip=plan[0]): the first minibatch's forward in update is pi_old
     mbs = ctx.cfg.schedule.micro_batch_size or n
     old = old_positions = old_total = old_real = 0
-    for idx in (rows[keep].split(mbs) if ctx.cfg.rollout.old_logp == "trainer" else []):
+    for idx in (rows[keep].split(mbs) if ctx.old_logp == "trainer" else []):
         part = rollout.select(idx)
         old += forward_flops(d, *part.input_ids.shape, int(part.completion_mask.sum()))
         old_positions = max(old_positions, part.input_ids.numel())

@@ -138,7 +138,7 @@ def timed_step(ctx, state, wrap=None) -> tuple[dict, object]:
     t_old = time.perf_counter() - t0
     t0 = time.perf_counter()
     with wrap("update"):
-        train.update(ctx, rollout, old_logp, adv, state, plan, fill_first=cfg.rollout.old_logp == "trainer")
+        train.update(ctx, rollout, old_logp, adv, state, plan, fill_first=ctx.old_logp == "trainer")
         ctx.sync_sampler()
     t_upd = time.perf_counter() - t0
     state.rollout += 1

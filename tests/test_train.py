@@ -184,7 +184,8 @@ def _step_inputs(tmp_path, *extra):
     from gspo.setup import build_context
     from gspo.train import TrainerState, minibatches, score
 
-    cfg = load_config(None, [*TINY, "eval.enabled=false", "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]",
+    cfg = load_config(None, [*TINY, "eval.enabled=false", "rollout.old_logp=trainer",
+                             "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]",
                              f"output.dir={tmp_path}", *extra])
     ctx = build_context(cfg)
     batch = ctx.sampler.next_batch()
@@ -244,3 +245,27 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
     for k in ("clip/token_frac", "kl/approx", "ratio/seq_min", "ratio/seq_max", "clip/seq_frac", "loss"):
         assert split[1][k] == pytest.approx(whole[1][k], rel=1e-4, abs=1e-7), k  # step 2 follows a step
     assert split[1]["ratio/seq_min"] < split[1]["ratio/seq_max"]  # the second step is off-policy
+
+
+@pytest.mark.parametrize("extra,has_routers,want", [
+    ([], False, "sampler"),                                   # hf, fp32: the sampler's numbers are the trainer's
+    ([], True, "trainer"),                                    # MoE: the pass records routes
+    (["model.mixed_precision=bf16"], False, "trainer"),
+    (["model.dtype=bfloat16"], False, "trainer"),
+    (["lora.enabled=true", "lora.dropout=0.1"], False, "trainer"),
+    (["rollout.backend=vllm"], False, "trainer"),
+    (["algo.routing_replay=true"], False, "trainer"),
+    (["rollout.old_logp=trainer"], False, "trainer"),
+    (["rollout.old_logp=sampler"], True, "sampler"),
+])
+def test_old_logp_auto_resolution(extra, has_routers, want):
+    from gspo.setup import resolve_old_logp
+
+    assert resolve_old_logp(load_config(None, [*TINY, *extra]), has_routers=has_routers) == want
+
+
+def test_default_dense_run_uses_sampler_logp_and_monitors_the_gap(tmp_path):
+    rc, run_dir = run(tmp_path, "eval.enabled=false")
+    assert rc == 0
+    for rec in records(run_dir):
+        assert rec["mismatch/token_abs_max"] < 1e-5  # same weights, same precision: rounding only

@@ -85,7 +85,11 @@ class RolloutConfig:
     top_k: int = doc(0, "top-k sampling (0 = off)")
     batch_size: int = doc(0, "sequences per generate() call and per seeded sampling chunk (0 = the process's whole share); "
                           "set it to make samples independent of the number of processes")
-    old_logp: str = doc("trainer", "pi_old source: trainer (one no-grad pass) | sampler (the generator's log-probs, paper §5.4)")
+    old_logp: str = doc("auto", "pi_old source: trainer (one no-grad pass) | sampler (the generator's log-probs, paper §5.4) | "
+                        "auto (sampler when they are the trainer's own numbers: hf backend, fp32, no MoE routes to "
+                        "record, no LoRA dropout; else trainer)")
+    decode: str = doc("gspo", "hf backend's decode loop: gspo (own KV-cache loop, finished rows leave the batch) | "
+                      "generate (transformers' generate, for architectures that need its preparation)")
 
 
 @dataclass
@@ -329,7 +333,9 @@ def validate(cfg: Config) -> None:
     _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
     _check(r.batch_size >= 0, "rollout.batch_size", "must be >= 0")
-    _check(r.old_logp in ("trainer", "sampler"), "rollout.old_logp", f"'{r.old_logp}' is not trainer | sampler")
+    _check(r.old_logp in ("auto", "trainer", "sampler"), "rollout.old_logp",
+           f"'{r.old_logp}' is not auto | trainer | sampler")
+    _check(r.decode in ("gspo", "generate"), "rollout.decode", f"'{r.decode}' is not gspo | generate")
     _validate_vllm(cfg)
     n = r.prompts_per_step * r.group_size
     _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
@@ -360,7 +366,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
            f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
-    _check(not (a.routing_replay and r.old_logp != "trainer"), "algo.routing_replay",
+    _check(not (a.routing_replay and r.old_logp == "sampler"), "algo.routing_replay",
            "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer")
     rw = cfg.rewards
     _check(rw.on_error in ("raise", "skip", "zero"), "rewards.on_error", f"'{rw.on_error}' is not raise | skip | zero")

@@ -26,7 +26,7 @@ from gspo.distributed import Dist
 from gspo.models import LogprobModule, load_policy, resolve_device
 from gspo.rewards import RewardRunner, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
-from gspo.routing import RouteTracker
+from gspo.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS, make_task
 
 
@@ -158,6 +158,7 @@ class RunContext:
     chat: bool
     dist: Dist
     routes: Any = None  # gspo.routing.RouteTracker on a MoE model
+    old_logp: str = "trainer"  # rollout.old_logp resolved: trainer | sampler
     resume_from: Path | None = None
 
     @property
@@ -241,6 +242,20 @@ class RunContext:
         distributed.shutdown(self.dist)
 
 
+def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
+    """`rollout.old_logp=auto`: the sampler's log-probs when they are the numbers a trainer pass
+    would compute (the hf backend samples from the trainer's own fp32 weights, so the two agree
+    to float rounding, ~1e-6; the mismatch monitor logs the gap every rollout) and the pass would
+    be pure waste; the trainer pass when they are not (vLLM, bf16, LoRA dropout) or when the pass
+    has work of its own (recording MoE routes for routing/changed_frac and Routing Replay)."""
+    r = cfg.rollout
+    if r.old_logp != "auto":
+        return r.old_logp
+    same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
+                    and not (cfg.lora.enabled and cfg.lora.dropout > 0))
+    return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
+
+
 def _check_extras(cfg: Config) -> None:
     if cfg.lora.enabled:
         try:
@@ -310,8 +325,9 @@ def build_context(cfg: Config) -> RunContext:
                             rank=d.rank, world_size=d.world_size)
     mp = cfg.model.mixed_precision == "bf16"
     sampler_model = distributed.sampler_copy(model, d) or model
+    old_logp = resolve_old_logp(cfg, has_routers=bool(find_routers(model)))
     # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
-    routes = RouteTracker(model) if r.old_logp == "trainer" else None  # the trainer's routers only
+    routes = RouteTracker(model) if old_logp == "trainer" else None  # the trainer's routers only
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
@@ -323,15 +339,19 @@ def build_context(cfg: Config) -> RunContext:
         generator = _vllm_generator(cfg, sampler_model, tok, d)
     else:
         generator = HFGenerator(sampler_model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None)
+                                max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
+                                engine="hf" if r.decode == "generate" else "gspo")
     params = [p for p in trainer.parameters() if p.requires_grad]
     o = cfg.optim
+    # the fused kernel: one pass over each parameter (on a CPU ~4x faster than the default loop)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps,
-                                  weight_decay=o.weight_decay)
+                                  weight_decay=o.weight_decay, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
                           num_workers=cfg.rewards.num_workers)
     return RunContext(cfg=cfg, model=model, trainer=trainer, sampler_model=sampler_model, tokenizer=tok,
                       generator=generator, rewards=runner, sampler=sampler, eval_rows=eval_rows,
                       optimizer=optimizer, scheduler=scheduler, chat=chat, dist=d,
-                      routes=routes if routes and routes.active else None, resume_from=resume_from)
+                      routes=routes if routes and routes.active else None, resume_from=resume_from,
+                      old_logp=old_logp)

@@ -73,7 +73,7 @@ def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = 
     a pass here would compute the same numbers again (with num_minibatches=1, the whole pass)."""
     if ctx.routes is not None:
         ctx.routes.reset(rollout.num_samples, rollout.input_ids.shape[1], ctx.device)
-    if ctx.cfg.rollout.old_logp == "sampler":
+    if ctx.old_logp == "sampler":
         return rollout.sampler_logp
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=ctx.device)
     rows = torch.arange(rollout.num_samples)
@@ -138,7 +138,7 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
     for every row) and the routes are captured from it."""
     cfg, d = ctx.cfg, ctx.dist
     token_mean = cfg.algo.aggregation == "token-mean"
-    sampler_pi_old = cfg.rollout.old_logp == "sampler"
+    sampler_pi_old = ctx.old_logp == "sampler"
     out = []
     for step_in_rollout, mb_idx in enumerate(plan or minibatches(ctx, state.rollout, rollout.num_samples)):
         fill = fill_first and step_in_rollout == 0
@@ -335,8 +335,8 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 t_old = time.perf_counter() - t0
                 common = rollout_metrics(ctx, rollout, rewards, adv_stats)
                 steps = update(ctx, rollout, old_logp, adv, state, plan,            # 6. minibatch updates
-                               fill_first=cfg.rollout.old_logp == "trainer")
-                if cfg.rollout.old_logp == "trainer":  # old_logp now holds pi_old for every row
+                               fill_first=ctx.old_logp == "trainer")
+                if ctx.old_logp == "trainer":  # old_logp now holds pi_old for every row
                     common.update(d.reduce_metrics(
                         mismatch_metrics(rollout.sampler_logp, old_logp, rollout.completion_mask)))
                 ctx.sync_sampler()                                                  # 7. sync
