@@ -38,7 +38,8 @@ pi_old runs on the rows outside the first minibatch (train.old_logprobs(skip=pla
 first minibatch's forward in the update is its pi_old), so it is ~3/4 of a full pass with 4
 minibatches. The LM head runs only on the Mc real completion tokens (gspo.models.token_logprobs), under
 activation checkpointing in the update: forward 2, recomputed forward 2, backward 4 = 8 H V
-(model count 6). Elementwise work (norms, RoPE, SiLU, softmax, loss, AdamW) is not counted.
+(model count 6); when a micro-batch's Mc x V fp32 logits fit in 16 MiB (small vocabularies)
+the head is not checkpointed and it is 6 H V. Elementwise work (norms, RoPE, SiLU, softmax, loss, AdamW) is not counted.
 Generation computes logits for the last position only (logits_to_keep=1) and never runs the
 model on the last sampled token. `cross_check` compares these formulas with
 torch.utils.flop_counter.FlopCounterMode on a tiny model (it counts aten.mm; the CPU
@@ -65,11 +66,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import step as bench_step  # noqa: E402  (bench/step.py)
 
-# the compute-bound default shape of (b)
+# the compute-bound default shape of (b). rollout.old_logp=trainer: the pi_old pass is measured
+# as MoE, bf16 and vLLM runs have it (a dense fp32 run on the hf backend skips it by default)
 DEFAULT = ["model.tiny_hidden_size=1024", "model.tiny_num_layers=4", "rollout.max_new_tokens=128",
-           "rollout.prompts_per_step=8", "rollout.group_size=8"]
+           "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.old_logp=trainer"]
 QUICK = ["model.tiny_hidden_size=128", "model.tiny_num_layers=2", "rollout.max_new_tokens=8",
-         "rollout.prompts_per_step=4", "rollout.group_size=4", "data.num_prompts=200"]
+         "rollout.prompts_per_step=4", "rollout.group_size=4", "data.num_prompts=200", "rollout.old_logp=trainer"]
 PHASES = ("generate", "pi_old", "update")
 
 
@@ -98,7 +100,10 @@ def forward_flops(d: dict, b: int, L: int, mc: int) -> int:
 def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
     """Forward + backward on a (b, L) micro-batch: executed (attention-backward and LM-head
     recomputation included) or textbook "model" FLOPs."""
-    attn, head = (14, 8) if executed else (12, 6)
+    from gspo.models import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
+
+    recomputed = mc * d["V"] * 4 > _UNCHECKPOINTED_LOGITS_BYTES
+    attn, head = (14, 8 if recomputed else 6) if executed else (12, 6)
     return 6 * d["N"] * b * L + attn * d["layers"] * d["A"] * b * L * L + head * d["H"] * d["V"] * mc
 
 

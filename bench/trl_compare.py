@@ -28,7 +28,10 @@ gradient checkpointing, no evaluation, no intermediate checkpoints.
        steps_per_generation (4), TRL runs its no-grad pi_old pass (old_per_token_logps). bf16 and
        gradient checkpointing (TRL's defaults) are off, router_aux_loss_coef=0 (gspo has no MoE
        aux loss), logging_strategy="no", report_to="none", save_strategy="no", use_cpu=True.
-  gspo: algo.level=sequence, rollout.old_logp=trainer, schedule.num_minibatches=4, eval off,
+  gspo: its defaults (rollout.old_logp=auto: on a dense fp32 model the sampler's log-probs are
+       pi_old and there is no pi_old pass; a MoE model keeps the pass, which records routes;
+       --gspo-set rollout.old_logp=trainer forces the pass), algo.level=sequence,
+       schedule.num_minibatches=4, eval off,
        console/completions/table logging off, checkpoint.every=0 (it still writes metrics.jsonl
        every step and a checkpoint + final/ after the last rollout: those come after the timed
        rollouts), rewards.num_workers=1 (gspo's minimum: the reward runs in one forked worker
@@ -132,12 +135,13 @@ def _gspo_overrides(spec: dict, total: int, out_dir: str) -> list[str]:
         "data.source=arithmetic", f"data.num_prompts={NUM_PROMPTS}",
         f"rollout.prompts_per_step={spec['B']}", f"rollout.group_size={spec['G']}",
         f"rollout.max_new_tokens={spec['T']}", "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
-        "rollout.old_logp=trainer", "algo.level=sequence", "algo.eps_low=3e-4", "algo.eps_high=4e-4",
+        "algo.level=sequence", "algo.eps_low=3e-4", "algo.eps_high=4e-4",
         f"optim.lr={LR}", "optim.weight_decay=0.0", "optim.max_grad_norm=1.0",
         f"schedule.rollouts={total}", f"schedule.num_minibatches={M}", "schedule.micro_batch_size=0",
         "schedule.lr_schedule=constant", "eval.enabled=false", "logging.console=false",
         "logging.completions_every=0", "logging.table_every=0", "checkpoint.every=0", "rewards.num_workers=1",
         "threads=1", f"seed={SEED}", f"output.dir={out_dir}", "output.name=bench",
+        *spec.get("gspo_set", []),
     ]
 
 
@@ -448,6 +452,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--profile", action="store_true", help="cProfile the timed rollouts; print each side's top functions")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
+    ap.add_argument("--gspo-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra gspo config override, repeatable (e.g. rollout.old_logp=trainer)")
     ap.add_argument("--worker", choices=["gspo", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -467,7 +473,8 @@ def main(argv: list[str] | None = None) -> dict:
         workloads = {n: WORKLOADS[n] for n in names}
         sched = {n: SCHEDULE[n] for n in names}
     sys.path.insert(0, str(ROOT / "src"))
-    results: dict = {"machine": _machine(), "frameworks": frameworks, "trl_skipped": skip, "workloads": {}}
+    results: dict = {"machine": _machine(), "frameworks": frameworks, "trl_skipped": skip, "workloads": {},
+                     "gspo_set": a.gspo_set}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl-compare-models-") as tmp:
         for name, w in workloads.items():
@@ -477,7 +484,8 @@ def main(argv: list[str] | None = None) -> dict:
             rounds = a.rounds if a.rounds is not None else rounds
             mdir = Path(tmp) / name
             info = build_model_dir(mdir, w)
-            spec = {**w, "model_dir": str(mdir), "warmup": warm, "rollouts": timed, "profile": a.profile}
+            spec = {**w, "model_dir": str(mdir), "warmup": warm, "rollouts": timed, "profile": a.profile,
+                    "gspo_set": a.gspo_set}
             cells: list[dict] = []
             for r in range(rounds):
                 order = frameworks if r % 2 == 0 else frameworks[::-1]

@@ -100,8 +100,11 @@ def test_step_flops_counts_padding(flops: ModuleType) -> None:
     """Each micro-batch is counted on its trimmed rectangle: a padded row costs as much as a full one."""
     d = {"N": 1000, "layers": 2, "A": 16, "H": 16, "V": 10}
     assert flops.forward_flops(d, 2, 10, 5) == 2 * 1000 * 20 + 4 * 2 * 16 * 2 * 100 + 2 * 16 * 10 * 5
-    assert flops.train_flops(d, 2, 10, 5) - flops.train_flops(d, 2, 10, 5, executed=False) == \
-        2 * 2 * 16 * 2 * 100 + 2 * 16 * 10 * 5
+    # small logits: the head is not recomputed, only the attention backward is
+    assert flops.train_flops(d, 2, 10, 5) - flops.train_flops(d, 2, 10, 5, executed=False) == 2 * 2 * 16 * 2 * 100
+    big = {**d, "V": 1 << 22}  # 5 x 4M fp32 logits > 16 MiB: checkpointed, the head runs twice forward
+    assert flops.train_flops(big, 2, 10, 5) - flops.train_flops(big, 2, 10, 5, executed=False) == \
+        2 * 2 * 16 * 2 * 100 + 2 * 16 * (1 << 22) * 5
     # generation: one prefill of P positions, then T-1 one-token steps over a growing cache
     assert flops.generate_flops(d, 1, 3, 1) == 2 * 1000 * 3 + 4 * 2 * 16 * 9 + 2 * 16 * 10
     assert flops.generate_flops(d, 1, 3, 2) - flops.generate_flops(d, 1, 3, 1) == \

@@ -372,3 +372,26 @@ def test_small_logits_skip_recompute_with_equal_values_and_gradients(tok, monkey
         results.append((out.detach(), m.lm_head.weight.grad.clone(), m.model.layers[0].mlp.up_proj.weight.grad.clone()))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_cpu_gqa_attention_gives_the_same_numbers(tok, moe):
+    """SDPA with grouped key/value heads (enable_gqa) equals transformers' repeat_kv path:
+    log-probs, gradients, and sampling through the KV cache."""
+    from gspo.models import use_cpu_gqa_attention
+    from gspo.rollout import HFGenerator
+
+    ids, mask = _batch(len(tok), seed=6)
+    got = []
+    for switch in (False, True):
+        m = build_tiny_model(tok, seed=7, moe=moe)
+        assert m.config.num_key_value_heads < m.config.num_attention_heads
+        if switch:
+            assert use_cpu_gqa_attention(m) and m.config._attn_implementation != "sdpa"
+        out = token_logprobs(m, ids, mask, 5)
+        out.sum().backward()
+        torch.manual_seed(0)
+        r = HFGenerator(m, tok, max_new_tokens=6).generate(["ab", "user: 1+2\nassistant: "], 3)
+        got.append((out.detach(), m.model.layers[0].self_attn.k_proj.weight.grad, r.sampler_logp))
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)

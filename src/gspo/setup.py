@@ -23,7 +23,7 @@ from gspo import distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
 from gspo.distributed import Dist
-from gspo.models import LogprobModule, load_policy, resolve_device
+from gspo.models import LogprobModule, load_policy, resolve_device, use_cpu_gqa_attention
 from gspo.rewards import RewardRunner, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
 from gspo.routing import RouteTracker, find_routers
@@ -106,6 +106,7 @@ def build_policy(cfg: Config, device: torch.device | None = None):
     else:
         model, tok = load_policy(m.name_or_path, dtype=m.dtype, device=str(device),
                                  trust_remote_code=m.trust_remote_code)
+    use_cpu_gqa_attention(model)  # a no-op off the CPU or without grouped-query attention
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
