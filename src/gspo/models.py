@@ -241,7 +241,9 @@ def _chunk_logp(head, hidden, targets, temperature, scale, softcap):
     The matmul runs in the model's dtype (as in the model's own forward); the logits are then
     upcast to fp32 for the temperature, the log-sum-exp and the gather.
     """
-    logits = _transform(head(hidden).float(), scale, softcap) / temperature  # (n, V)
+    logits = _transform(head(hidden).float(), scale, softcap)  # (n, V)
+    if temperature != 1.0:  # (a division by 1 is a full pass over the logits for nothing)
+        logits = logits / temperature
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
     return picked - torch.logsumexp(logits, dim=-1)
 

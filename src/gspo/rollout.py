@@ -185,7 +185,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     Drawing by inverse CDF (float64 cumulative sum, one uniform per row) is exact and, on a CPU,
     an order of magnitude cheaper than torch.multinomial.
     """
-    scaled = logits.float() / temperature  # (b, V)
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()  # (b, V)
     logp = scaled - torch.logsumexp(scaled, dim=-1, keepdim=True)  # (b, V)
     allowed = logp
     vocab = logp.shape[-1]
