@@ -149,9 +149,12 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
     rows = torch.arange(n)
     keep = torch.ones(n, dtype=torch.bool)
     keep[plan[0]] = False  # train.old_logprobs(skip=plan[0]): the first minibatch's forward in update is pi_old
-    mbs = ctx.cfg.schedule.micro_batch_size or n
+    # as train.old_logprobs: forwards of minibatch size, rows sorted by completion length
+    mbs = ctx.cfg.schedule.micro_batch_size or max(n // ctx.cfg.schedule.num_minibatches, 1)
+    rest = rows[keep]
+    rest = rest[rollout.completion_lengths.cpu()[rest].argsort(stable=True)]
     old = old_positions = old_total = old_real = 0
-    for idx in (rows[keep].split(mbs) if ctx.old_logp == "trainer" else []):
+    for idx in (rest.split(mbs) if ctx.old_logp == "trainer" else []):
         part = rollout.select(idx)
         old += forward_flops(d, *part.input_ids.shape, int(part.completion_mask.sum()))
         old_positions = max(old_positions, part.input_ids.numel())

@@ -81,7 +81,11 @@ def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = 
         keep = torch.ones(rollout.num_samples, dtype=torch.bool)
         keep[skip] = False
         rows = rows[keep]
-    mbs = ctx.cfg.schedule.micro_batch_size or rollout.num_samples
+    # forwards of minibatch size (one forward over every row runs slower per row once the
+    # activations leave the cache), rows sorted by length so each forward trims more padding
+    sched = ctx.cfg.schedule
+    mbs = sched.micro_batch_size or max(rollout.num_samples // sched.num_minibatches, 1)
+    rows = rows[rollout.completion_lengths.cpu()[rows].argsort(stable=True)]
     for idx in rows.split(mbs) if len(rows) else ():  # (split of an empty tensor yields one empty part)
         _, lp = trainer_logprobs(ctx, rollout, idx, "capture")  # (b, T_part)
         out[idx.to(out.device), : lp.shape[1]] = lp.float()
