@@ -198,12 +198,14 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
         drop = (p.cumsum(-1) - p) >= top_p  # mass before this token already reaches top_p
         drop[:, 0] = False
         allowed = allowed.scatter(-1, order, srt.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(allowed, dim=-1).double()
+    # unnormalised is fine: u is scaled by the total (no filter: exp(logp) needs no softmax)
+    probs = (allowed.exp() if allowed is logp else torch.softmax(allowed, dim=-1)).double()
     cdf = probs.cumsum(-1)  # (b, V)
     u = torch.rand(cdf.shape[0], 1, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=vocab - 1)  # (b,)
     bad = probs.gather(-1, tokens[:, None]).squeeze(-1) == 0  # u rounded onto the last edge
-    tokens = torch.where(bad, probs.argmax(-1), tokens)
+    if bool(bad.any()):
+        tokens = torch.where(bad, probs.argmax(-1), tokens)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
