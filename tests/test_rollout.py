@@ -279,3 +279,36 @@ def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
     assert (freq - want).abs().sum() / 2 < 0.015  # total variation (sampling noise ~0.005)
     torch.testing.assert_close(lp, torch.log(p)[tokens], rtol=0, atol=1e-6)
 
+
+
+def _arch(name: str, vocab: int, tok):
+    import transformers as T
+
+    ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    if name == "gpt2":  # learned positions, no grouped-query attention
+        return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128, **ids))
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, **ids)
+    if name == "llama":
+        return T.LlamaForCausalLM(T.LlamaConfig(**common))
+    if name == "mistral":  # sliding-window attention shorter than the sequences
+        return T.MistralForCausalLM(T.MistralConfig(sliding_window=8, **common))
+    return T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, sliding_window=8, **common))  # + logit soft-capping
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2", "gpt2"])
+def test_decode_on_other_architectures(tok, arch):
+    """gspo's decode loop (KV cache, last-position head, rows leaving the batch at EOS) on other
+    decoder families: sampler log-probs equal the trainer's recomputation."""
+    from gspo.models import use_cpu_gqa_attention
+
+    torch.manual_seed(0)
+    m = _arch(arch, len(tok), tok).eval()
+    use_cpu_gqa_attention(m)
+    eos = tok.convert_tokens_to_ids(list("abcdefgh"))  # several "EOS" ids: rows end at varied steps
+    torch.manual_seed(1)
+    r = HFGenerator(m, tok, max_new_tokens=12, temperature=0.8, eos_token_ids=eos).generate(PROMPTS, 6)
+    assert set(r.finish_reason) == {"eos", "length"}
+    with torch.no_grad():
+        lp = token_logprobs(m, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=0.8)
+    torch.testing.assert_close(r.sampler_logp, lp, rtol=0, atol=1e-5)
