@@ -140,6 +140,16 @@ def test_sampler_as_pi_old_logs_mismatch_of_zero_for_the_same_model(tmp_path):
         assert rec["mismatch/token_abs_max"] < 1e-5 and abs(rec["mismatch/kl"]) < 1e-8
 
 
+def test_tiny_moe_shape_from_the_config(tmp_path):
+    from gspo.setup import build_policy
+
+    model, _ = build_policy(load_config(None, [*TINY, "model.tiny_num_experts=6", "model.tiny_experts_per_tok=3"]))
+    routers = find_routers(model)
+    assert len(routers) == 2 and all(r.num_experts == 6 and r.top_k == 3 for r in routers)
+    with pytest.raises(ConfigError, match="model.tiny_experts_per_tok"):
+        load_config(None, [*TINY, "model.tiny_num_experts=2", "model.tiny_experts_per_tok=3"])
+
+
 def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
     with pytest.raises(ConfigError, match="algo.routing_replay"):
         load_config(None, [*TINY, "algo.routing_replay=true", "rollout.old_logp=sampler"])

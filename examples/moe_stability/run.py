@@ -53,13 +53,19 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--rollouts", type=int, default=100)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup-steps", type=int, default=300)
+    p.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny Qwen3-MoE")
+    p.add_argument("--layers", type=int, default=2, help="its layers (every one a MoE layer)")
+    p.add_argument("--experts", type=int, default=8, help="experts per layer")
+    p.add_argument("--top-k", type=int, default=2, help="experts per token")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
         a.seeds, a.rollouts, a.warmup_steps = 1, 3, 20
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = [*BASE, f"optim.lr={a.lr}", f"schedule.rollouts={a.rollouts}", f"output.dir={out}"]
+    base = [*BASE, f"optim.lr={a.lr}", f"schedule.rollouts={a.rollouts}", f"output.dir={out}",
+            f"model.tiny_hidden_size={a.hidden}", f"model.tiny_num_layers={a.layers}",
+            f"model.tiny_num_experts={a.experts}", f"model.tiny_experts_per_tok={a.top_k}"]
 
     warm = out / "warmup"
     if not (warm / "config.json").exists():

@@ -41,6 +41,8 @@ class ModelConfig:
     tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
     tiny_num_layers: int = doc(3, "layers of the built-in tiny model")
     tiny_moe: bool = doc(False, "make the built-in tiny model a Qwen3-MoE")
+    tiny_num_experts: int = doc(8, "experts per MoE layer of the built-in tiny model (tiny_moe=true)")
+    tiny_experts_per_tok: int = doc(2, "experts each token is routed to (top-k) in the built-in tiny MoE")
 
 
 @dataclass
@@ -325,6 +327,9 @@ def validate(cfg: Config) -> None:
     _check(dc.backend in ("auto", "nccl", "gloo"), "distributed.backend", f"'{dc.backend}' is not auto | nccl | gloo")
     _check(dc.timeout_s > 0, "distributed.timeout_s", "must be > 0")
     _check(m.logprob_chunk_size >= 1, "model.logprob_chunk_size", "must be >= 1")
+    _check(m.tiny_num_experts >= 1, "model.tiny_num_experts", "must be >= 1")
+    _check(1 <= m.tiny_experts_per_tok <= m.tiny_num_experts, "model.tiny_experts_per_tok",
+           f"must be in [1, model.tiny_num_experts={m.tiny_num_experts}]")
     _check(r.backend in ("hf", "vllm"), "rollout.backend", f"'{r.backend}' is not hf | vllm")
     _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 (got {r.group_size}): group advantages need at least two samples")
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")

@@ -100,7 +100,8 @@ def build_policy(cfg: Config, device: torch.device | None = None):
 
         tok = build_char_tokenizer("".join(sorted(TASK_CHARS)))
         model = build_tiny_model(tok, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_num_layers,
-                                 moe=m.tiny_moe, seed=cfg.seed,
+                                 moe=m.tiny_moe, num_experts=m.tiny_num_experts,
+                                 num_experts_per_tok=m.tiny_experts_per_tok, seed=cfg.seed,
                                  max_position_embeddings=max(128, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens))
         model.to(device)
     else:
