@@ -159,11 +159,82 @@ class _RawLogprobRecorder:
         return torch.stack(self.picked, dim=1)
 
 
-def _completion_mask(completion_ids: torch.Tensor, eos_ids: torch.Tensor):
-    """(mask, has_eos): mask is 1 on tokens up to and including the first EOS. (B, T) long, (B,)."""
+def _completion_mask(completion_ids: torch.Tensor, eos_ids: torch.Tensor, produced: torch.Tensor | None = None):
+    """(mask, has_eos): mask is 1 on tokens up to and including the first EOS. (B, T) long, (B,).
+    `produced` (B, T) bool marks the columns the sampler really produced (rows of different
+    lengths): the rest never counts, even when the pad id is an EOS id."""
     is_eos = torch.isin(completion_ids, eos_ids)  # (B, T)
+    if produced is not None:
+        is_eos &= produced
     eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()  # EOS strictly before each column
-    return (eos_before == 0).long(), is_eos.any(dim=1)
+    mask = eos_before == 0
+    if produced is not None:
+        mask &= produced
+    return mask.long(), is_eos.any(dim=1)
+
+
+def check_sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
+    """The sampling settings every generator accepts (ValueError otherwise)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (no greedy decoding), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
+def special_ids(model, tokenizer, eos_token_ids: Sequence[int] | None = None) -> tuple[list[int], int]:
+    """(EOS ids, pad id): `eos_token_ids` or the model's / tokenizer's; the tokenizer's pad id,
+    else the first EOS id."""
+    ids = list(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(model, tokenizer)
+    if not ids:
+        raise ValueError("no EOS token id: pass eos_token_ids or give the tokenizer one")
+    eos = [int(i) for i in ids]
+    pad = tokenizer.pad_token_id
+    return eos, int(pad) if pad is not None else eos[0]
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], group_size: int, add_special_tokens: bool) -> list[list[int]]:
+    """The N = B·G prompt rows (each prompt's ids repeated `group_size` times), tokenized once."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if not prompts:
+        raise ValueError("no prompts to generate from")
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    for text, ids in zip(prompts, encoded):
+        if not ids:
+            raise ValueError(f"prompt {text!r} encodes to no tokens")
+    return [list(ids) for ids in encoded for _ in range(group_size)]
+
+
+def assemble_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                     sampler_logp: torch.Tensor, produced: torch.Tensor, *, eos_token_ids: Sequence[int],
+                     pad_token_id: int, tokenizer, prompts: Sequence[str], group_size: int) -> Rollout:
+    """A `Rollout` from sampled tokens: (N, T) completion ids and their log-probs, `produced`
+    (N, T) bool marking the columns each row really sampled. The mask runs up to and including
+    the first EOS; later tokens become padding with log-prob 0; finish_reason is "eos" when an
+    EOS was drawn, else "length"; completions are decoded without EOS and special tokens."""
+    eos = torch.tensor(list(eos_token_ids), device=completion_ids.device)
+    mask, has_eos = _completion_mask(completion_ids, eos, produced.to(completion_ids.device))
+    keep = mask.bool()
+    completion_ids = torch.where(keep, completion_ids, pad_token_id)
+    sampler_logp = torch.where(keep, sampler_logp.float(), 0.0)
+    text = keep & ~torch.isin(completion_ids, eos)
+    completions = [tokenizer.decode(completion_ids[i][text[i]].tolist(), skip_special_tokens=True)
+                   for i in range(completion_ids.shape[0])]
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        sampler_logp=sampler_logp,
+        finish_reason=["eos" if d else "length" for d in has_eos.tolist()],
+        group_size=group_size,
+        prompts=[p for p in prompts for _ in range(group_size)],
+        completions=completions,
+    )
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,14 +367,7 @@ class HFGenerator:
         add_special_tokens: bool = False,
         engine: str = "gspo",
     ):
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 (no greedy decoding), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_sampling(temperature, top_p, top_k, max_new_tokens)
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         if engine not in ("gspo", "hf"):
@@ -317,12 +381,7 @@ class HFGenerator:
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = batch_size
         self.add_special_tokens = add_special_tokens
-        ids = list(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(model, tokenizer)
-        if not ids:
-            raise ValueError("no EOS token id: pass eos_token_ids or give the tokenizer one")
-        self.eos_token_ids = [int(i) for i in ids]
-        pad = tokenizer.pad_token_id
-        self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        self.eos_token_ids, self.pad_token_id = special_ids(model, tokenizer, eos_token_ids)
 
     def sync_weights(self, model) -> None:
         """No-op: the generator samples from the module the trainer updates in place."""
@@ -394,48 +453,22 @@ class HFGenerator:
                  offset: int = 0) -> Rollout:
         """Sample `group_size` completions for each prompt (see the class docstring and
         `Generator.generate` for `seed` and `offset`)."""
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        if not prompts:
-            raise ValueError("no prompts to generate from")
         device = next(self.model.parameters()).device
-        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)
-        for text, ids in zip(prompts, encoded["input_ids"]):
-            if not ids:
-                raise ValueError(f"prompt {text!r} encodes to no tokens")
-        rows = [ids for ids in encoded["input_ids"] for _ in range(group_size)]  # N lists
+        rows = encode_prompts(self.tokenizer, prompts, group_size, self.add_special_tokens)  # N lists
         prompt_ids, prompt_mask = _left_pad(rows, self.pad_token_id, device)  # (N, P)
         chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
 
         n, t = len(rows), max(c.shape[1] for c, _ in chunks)
         completion_ids = torch.full((n, t), self.pad_token_id, dtype=torch.long, device=device)
         sampler_logp = torch.zeros((n, t), dtype=torch.float32, device=device)
-        completion_mask = torch.zeros((n, t), dtype=torch.long, device=device)
-        eos = torch.tensor(self.eos_token_ids, device=device)
-        has_eos = torch.zeros(n, dtype=torch.bool, device=device)
+        produced = torch.zeros((n, t), dtype=torch.bool, device=device)
         start = 0
-        for comp, logp in chunks:  # (b, tg) each
+        for comp, logp in chunks:  # (b, tg) each: chunks stop at different lengths
             b, tg = comp.shape
-            m, done = _completion_mask(comp, eos)  # (b, tg), (b,)
-            completion_ids[start : start + b, :tg] = torch.where(m.bool(), comp, self.pad_token_id)
-            sampler_logp[start : start + b, :tg] = torch.where(m.bool(), logp.float(), 0.0)
-            completion_mask[start : start + b, :tg] = m
-            has_eos[start : start + b] = done
+            completion_ids[start : start + b, :tg] = comp
+            sampler_logp[start : start + b, :tg] = logp
+            produced[start : start + b, :tg] = True
             start += b
-
-        keep = completion_mask.bool() & ~torch.isin(completion_ids, eos)  # text without EOS
-        completions = [
-            self.tokenizer.decode(completion_ids[i][keep[i]].tolist(), skip_special_tokens=True)
-            for i in range(n)
-        ]
-        return Rollout(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=completion_ids,
-            completion_mask=completion_mask,
-            sampler_logp=sampler_logp,
-            finish_reason=["eos" if d else "length" for d in has_eos.tolist()],
-            group_size=group_size,
-            prompts=[p for p in prompts for _ in range(group_size)],
-            completions=completions,
-        )
+        return assemble_rollout(prompt_ids, prompt_mask, completion_ids, sampler_logp, produced,
+                                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                tokenizer=self.tokenizer, prompts=prompts, group_size=group_size)

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from gspo.config import ConfigError
-from gspo.models import eos_token_ids as _eos_token_ids
-from gspo.rollout import Rollout, _completion_mask, _left_pad, chunk_seed
+from gspo.rollout import (Rollout, _left_pad, assemble_rollout, check_sampling, chunk_seed, encode_prompts,
+                          special_ids)
 
 INSTALL_HINT = "pip install 'gspo[vllm]'"
 
@@ -180,10 +180,10 @@ def rollout_from_samples(
     n = len(prompt_rows)
     if len(samples) != n:
         raise ValueError(f"{len(samples)} samples for {n} prompt rows")
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long)
     t = max([len(s[0]) for s in samples] + [0])
     completion_ids = torch.full((n, t), pad_token_id, dtype=torch.long)
     logp = torch.zeros((n, t), dtype=torch.float32)
+    produced = torch.zeros((n, t), dtype=torch.bool)  # columns the engine actually produced
     for i, (ids, lps, reason) in enumerate(samples):
         if len(ids) != len(lps):
             raise ValueError(f"row {i}: {len(ids)} tokens but {len(lps)} log-probs")
@@ -192,31 +192,15 @@ def rollout_from_samples(
         if ids:
             completion_ids[i, :len(ids)] = torch.tensor(list(ids), dtype=torch.long)
             logp[i, :len(lps)] = torch.tensor(list(lps), dtype=torch.float32)
-    mask, has_eos = _completion_mask(completion_ids, eos)
-    real = torch.zeros((n, t), dtype=torch.bool)  # columns the engine actually produced
-    for i, (ids, _, reason) in enumerate(samples):
-        real[i, :len(ids)] = True
-        if reason == "stop" and not bool(has_eos[i]):
-            raise RuntimeError(f"row {i}: the engine reports a stop but drew no EOS token {list(eos_token_ids)}")
-    mask = mask * real.long()
-    keep = mask.bool()
-    completion_ids = torch.where(keep, completion_ids, pad_token_id)
-    logp = torch.where(keep, logp, 0.0)
-    text_keep = keep & ~torch.isin(completion_ids, eos)
-    completions = [tokenizer.decode(completion_ids[i][text_keep[i]].tolist(), skip_special_tokens=True)
-                   for i in range(n)]
+            produced[i, :len(ids)] = True
     prompt_ids, prompt_mask = _left_pad([list(r) for r in prompt_rows], pad_token_id, device)
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids.to(device),
-        completion_mask=mask.to(device),
-        sampler_logp=logp.to(device),
-        finish_reason=["eos" if d else "length" for d in has_eos.tolist()],
-        group_size=group_size,
-        prompts=[p for p in prompts for _ in range(group_size)],
-        completions=completions,
-    )
+    rollout = assemble_rollout(prompt_ids, prompt_mask, completion_ids.to(device), logp.to(device), produced,
+                               eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, tokenizer=tokenizer,
+                               prompts=prompts, group_size=group_size)
+    for i, (_, _, reason) in enumerate(samples):
+        if reason == "stop" and rollout.finish_reason[i] != "eos":
+            raise RuntimeError(f"row {i}: the engine reports a stop but drew no EOS token {list(eos_token_ids)}")
+    return rollout
 
 
 def _token_logprob(step, token: int) -> float:
@@ -279,10 +263,7 @@ class VLLMGenerator:
         world_size: int = 1,
         quiet: bool = False,
     ):
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 (no greedy decoding), got {temperature}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_sampling(temperature, top_p, top_k, max_new_tokens)
         self.logprobs_mode = logprobs_mode_for(temperature, top_p, top_k)
         platform = check_available()
         self.tokenizer = tokenizer
@@ -290,12 +271,7 @@ class VLLMGenerator:
         self.max_new_tokens = int(max_new_tokens)
         self.add_special_tokens = add_special_tokens
         base = model.get_base_model() if _is_peft(model) else model
-        ids = list(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(base, tokenizer)
-        if not ids:
-            raise ValueError("no EOS token id: pass eos_token_ids or give the tokenizer one")
-        self.eos_token_ids = [int(i) for i in ids]
-        pad = tokenizer.pad_token_id
-        self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        self.eos_token_ids, self.pad_token_id = special_ids(base, tokenizer, eos_token_ids)
         self.sleep_enabled = bool(sleep)
         self._asleep = False
         self._pending = None  # a model whose weights the engine has not received yet
@@ -395,15 +371,7 @@ class VLLMGenerator:
     def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
                  offset: int = 0) -> Rollout:
         """Sample `group_size` completions for each prompt (see `Generator.generate`)."""
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        if not prompts:
-            raise ValueError("no prompts to generate from")
-        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
-        for text, ids in zip(prompts, encoded):
-            if not ids:
-                raise ValueError(f"prompt {text!r} encodes to no tokens")
-        rows = [list(ids) for ids in encoded for _ in range(group_size)]
+        rows = encode_prompts(self.tokenizer, prompts, group_size, self.add_special_tokens)
         params = [self._sampling_params(None if seed is None else chunk_seed(seed, offset + i))
                   for i in range(len(rows))]
         requests = [{"prompt_token_ids": r} for r in rows]
