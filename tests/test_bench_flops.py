@@ -3,7 +3,6 @@ torch's FlopCounterMode, and the log-log exponent fit."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_module import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 # The analytic counts are exact integer formulas; FlopCounterMode counts the same matmuls. The
@@ -22,11 +22,7 @@ RTOL = 1e-3
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"bench/{name}.py", f"bench_{name}")
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "model_memory.py"
 TINY = ["--layers", "2", "--hidden", "64", "--vocab", "1000", "--batch", "2",
@@ -16,11 +16,7 @@ TINY = ["--layers", "2", "--hidden", "64", "--vocab", "1000", "--batch", "2",
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_model_memory", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/model_memory.py", "bench_model_memory")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "trl_compare.py"
@@ -73,9 +73,7 @@ def test_trl_side_and_ratio(quick: dict) -> None:
 
 
 def test_reward_is_deterministic_and_in_range() -> None:
-    spec = importlib.util.spec_from_file_location("bench_trl_compare", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("bench/trl_compare.py", "bench_trl_compare")
     comps = ["12", "abc", "", "99+1"]
     r = mod.bench_reward(["p"] * 4, comps)
     assert r == mod.bench_reward(["q"] * 4, comps)

@@ -160,13 +160,9 @@ def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
 
 def test_moe_stability_reproduction_quick(tmp_path):
     """The reproduction script end to end at its smallest: 3 algorithms, a table and a report."""
-    import importlib.util
-    from pathlib import Path
+    from script_module import load_script
 
-    path = Path(__file__).parents[1] / "examples" / "moe_stability" / "run.py"
-    spec = importlib.util.spec_from_file_location("moe_stability_run", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("examples/moe_stability/run.py", "moe_stability_run")
     results = mod.main(["--quick", "--out", str(tmp_path)])
     assert [r["algo"] for r in results] == ["gspo", "grpo", "grpo_replay"]
     table = (tmp_path / "table.md").read_text()

@@ -197,9 +197,7 @@ class RunContext:
         generator = self.generator
         if self.cfg.rollout.backend == "vllm" and self.dist.world_size > 1:
             # vLLM's data-parallel ranks step together: rank 0 cannot sample alone
-            r = self.cfg.rollout
-            generator = HFGenerator(self.sampler_model, self.tokenizer, temperature=r.temperature, top_p=r.top_p,
-                                    top_k=r.top_k, max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None)
+            generator = _hf_generator(self.cfg, self.sampler_model, self.tokenizer)
         return evaluate(self.sampler_model, self.tokenizer, self.eval_rows[: e.num_prompts], self.rewards,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, pass_k=e.pass_k,
                         generator=generator, chat=self.chat)
@@ -268,6 +266,13 @@ def _check_extras(cfg: Config) -> None:
         from gspo.vllm_backend import check_available
 
         check_available()  # vllm importable, and a CUDA device or a CPU build of vLLM
+
+
+def _hf_generator(cfg: Config, model, tok) -> HFGenerator:
+    r = cfg.rollout
+    return HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                       max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
+                       engine="hf" if r.decode == "generate" else "gspo")
 
 
 def _vllm_generator(cfg: Config, model, tok, d: Dist):
@@ -340,9 +345,7 @@ def build_context(cfg: Config) -> RunContext:
     if r.backend == "vllm":
         generator = _vllm_generator(cfg, sampler_model, tok, d)
     else:
-        generator = HFGenerator(sampler_model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
-                                engine="hf" if r.decode == "generate" else "gspo")
+        generator = _hf_generator(cfg, sampler_model, tok)
     params = [p for p in trainer.parameters() if p.requires_grad]
     o = cfg.optim
     # the fused kernel: one pass over each parameter (on a CPU ~4x faster than the default loop)

@@ -169,16 +169,15 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high, aggregation=cfg.algo.aggregation,
                 max_log_ratio=cfg.algo.max_log_ratio,
                 max_len=cfg.rollout.max_new_tokens if cfg.algo.aggregation == "seq-mean-token-sum-norm" else None)
-            # the minibatch loss is the mean over its sequences (or its tokens, for token-mean);
-            # metrics are sequence-weighted means over micro-batches and ranks
+            # the minibatch loss is the mean over its sequences (or its tokens, for token-mean)
             share = len(mi) / len(mb_idx)
-            w = part.completion_mask.sum().item() / max(mb_tokens, 1) * d.world_size if token_mean else share
+            n_tok = round(m["completion/len_mean"] * len(mi))  # completion tokens (no extra device sync)
+            tokens += n_tok
+            w = n_tok / max(mb_tokens, 1) * d.world_size if token_mean else share
             if faults.nan_loss(state.step + 1):  # tests only
                 loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
-            n_tok = m["completion/len_mean"] * len(mi)  # completion tokens in this micro-batch
-            tokens += n_tok
             for k, v in m.items():
                 if k in algo.TOKEN_METRICS:  # per-token fractions: weighted by tokens
                     sums[k] = sums.get(k, 0.0) + v * n_tok
