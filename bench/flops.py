@@ -107,9 +107,37 @@ def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
     return 6 * d["N"] * b * L + attn * d["layers"] * d["A"] * b * L * L + head * d["H"] * d["V"] * mc
 
 
-def generate_flops(d: dict, b: int, P: int, T: int) -> int:
-    """Sampling T tokens for b rows from a P-wide prompt with the KV cache."""
-    f = 2 * d["N"] * b * P + 4 * d["layers"] * d["A"] * b * P * P + 2 * d["H"] * d["V"] * b
+def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool) -> int:
+    """A call that runs k distinct Pw-wide prompts once, then b rows' first t-1 completion
+    columns on their keys/values (gspo.models.prompt_share_plan): forward, or forward + backward."""
+    from gspo.models import _UNCHECKPOINTED_LOGITS_BYTES
+
+    tc = t - 1
+    positions = k * Pw + b * tc
+    attn = k * Pw * Pw + b * tc * (Pw + tc)  # query x key products of the two calls
+    if not train:
+        return 2 * d["N"] * positions + 4 * d["layers"] * d["A"] * attn + 2 * d["H"] * d["V"] * mc
+    head = 8 if mc * d["V"] * 4 > _UNCHECKPOINTED_LOGITS_BYTES else 6
+    return 6 * d["N"] * positions + 14 * d["layers"] * d["A"] * attn + head * d["H"] * d["V"] * mc
+
+
+def call_flops(d: dict, ids, mask, t: int, mc: int, train: bool, share: bool = True) -> int:
+    """One LogprobModule call on (b, L) ids/mask, with prompt sharing when gspo would use it."""
+    from gspo.models import prompt_share_plan
+
+    b, L = ids.shape
+    plan = prompt_share_plan(ids, mask, t) if share else None
+    if plan is None:
+        return train_flops(d, b, L, mc) if train else forward_flops(d, b, L, mc)
+    first, _, cut = plan
+    return shared_flops(d, len(first), L - t - cut, b, t, mc, train)
+
+
+def generate_flops(d: dict, b: int, P: int, T: int, k: int | None = None) -> int:
+    """Sampling T tokens for b rows from a P-wide prompt with the KV cache; the prefill runs the
+    k distinct prompts (k = b when every row's prompt differs)."""
+    k = b if k is None else k
+    f = 2 * d["N"] * k * P + 4 * d["layers"] * d["A"] * k * P * P + 2 * d["H"] * d["V"] * k
     for t in range(1, T):
         f += 2 * d["N"] * b + 4 * d["layers"] * d["A"] * b * (P + t) + 2 * d["H"] * d["V"] * b
     return f
@@ -139,12 +167,16 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
     d = model_dims(ctx.model)
     n = rollout.num_samples
     T = rollout.completion_ids.shape[1]
+    from gspo.models import prompt_groups
+
     gen = 0
     chunk = ctx.generator.batch_size or n
+    share = getattr(ctx.trainer, "share_prompt", False)
     for s in range(0, n, chunk):
-        mask = rollout.prompt_mask[s:s + chunk]
+        mask, ids = rollout.prompt_mask[s:s + chunk], rollout.prompt_ids[s:s + chunk]
         P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
-        gen += generate_flops(d, mask.shape[0], P, T)
+        k = len(prompt_groups(ids, mask, mask.shape[1])[0])
+        gen += generate_flops(d, mask.shape[0], P, T, k)
     plan = train.minibatches(ctx, rollout_index, n)
     rows = torch.arange(n)
     keep = torch.ones(n, dtype=torch.bool)
@@ -156,7 +188,8 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
     old = old_positions = old_total = old_real = 0
     for idx in (rest.split(mbs) if ctx.old_logp == "trainer" else []):
         part = rollout.select(idx)
-        old += forward_flops(d, *part.input_ids.shape, int(part.completion_mask.sum()))
+        old += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
+                          int(part.completion_mask.sum()), train=False, share=share)
         old_positions = max(old_positions, part.input_ids.numel())
         old_total += part.input_ids.numel()
         old_real += int(part.attention_mask.sum())
@@ -166,7 +199,8 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
             part = rollout.select(mi)
             b, L = part.input_ids.shape
             mc = int(part.completion_mask.sum())
-            upd += train_flops(d, b, L, mc)
+            upd += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1], mc, train=True,
+                              share=share)
             upd_model += train_flops(d, b, L, mc, executed=False)
             positions += b * L
             real += int(part.attention_mask.sum())
@@ -201,13 +235,14 @@ def _counter():
 
 
 def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 5, completion: int = 7,
-                seed: int = 0) -> dict:
+                seed: int = 0, groups: int = 0) -> dict:
     """Analytic vs FlopCounterMode FLOPs on a tiny model: a LogprobModule forward (pi_old), a
     forward + backward (update; rows with left padding and an early-ended completion, head
-    chunked so the checkpointed recomputation shows) and a generate call."""
+    chunked so the checkpointed recomputation shows) and a generate call. With `groups`, the
+    rows hold that many distinct prompts (consecutive rows share one), so the calls share them."""
     import torch
 
-    from gspo.models import LogprobModule
+    from gspo.models import LogprobModule, prompt_share_plan
     from gspo.rollout import HFGenerator
     from gspo.tiny import build_char_tokenizer, build_tiny_model
 
@@ -220,7 +255,10 @@ def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 
     mask = torch.ones_like(ids)
     mask[0, : prompt // 2] = 0                       # a left-padded prompt
     mask[min(1, rows - 1), prompt + completion // 2:] = 0   # a completion that ended early
-    lm = LogprobModule(model, chunk_size=4)
+    if groups:  # rows i*rows/groups .. share row i*rows/groups's prompt (and its padding)
+        lead = torch.arange(rows) // (rows // groups) * (rows // groups)
+        ids[:, :prompt], mask[:, :prompt] = ids[lead, :prompt], mask[lead, :prompt]
+    lm = LogprobModule(model, chunk_size=4, share_prompt=True)
     with torch.no_grad():
         lm(ids, mask, completion)                    # the once-per-model head check, not counted
     mc = int(mask[:, prompt:].sum())
@@ -235,10 +273,12 @@ def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 
         r = gen.generate(["1+2=", "ab"], 2)
     gen_counted = c.get_total_flops()
     return {"dims": d, "rows": rows, "L": L, "completion_tokens": mc,
-            "forward": {"counted": fwd, "formula": forward_flops(d, rows, L, mc)},
-            "train": {"counted": fb, "formula": train_flops(d, rows, L, mc)},
-            "generate": {"counted": gen_counted,
-                         "formula": generate_flops(d, r.num_samples, r.prompt_ids.shape[1], r.completion_ids.shape[1])}}
+            "shared": prompt_share_plan(ids, mask, completion) is not None,
+            "forward": {"counted": fwd, "formula": call_flops(d, ids, mask, completion, mc, train=False)},
+            "train": {"counted": fb, "formula": call_flops(d, ids, mask, completion, mc, train=True)},
+            "generate": {"counted": gen_counted,  # two distinct prompts, twice each
+                         "formula": generate_flops(d, r.num_samples, r.prompt_ids.shape[1], r.completion_ids.shape[1],
+                                                   k=2)}}
 
 
 def step_cross_check(overrides: list[str] | None = None, threads: int = 0) -> dict:

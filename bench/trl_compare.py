@@ -84,9 +84,14 @@ WORKLOADS: dict[str, dict] = {
     "compute-dense": dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=2048, moe=False, B=1, G=8, T=128),
     "compute-moe": dict(hidden=384, layers=6, heads=6, kv_heads=2, inter=512, moe=True, B=1, G=8, T=128),
 }
-DEFAULT_WORKLOADS = ["tiny-dense", "tiny-moe", "compute-dense"]
+# The same shapes with ~128-token prompts: a fixed 122-token instruction before each arithmetic
+# question, as a chat template or a task description puts before real RL prompts.
+for _name in ("tiny-dense", "compute-dense"):
+    WORKLOADS[f"{_name}-p128"] = dict(WORKLOADS[_name], prefix=122)
+DEFAULT_WORKLOADS = ["tiny-dense", "tiny-moe", "compute-dense", "tiny-dense-p128", "compute-dense-p128"]
 # per workload: (warm-up rollouts, timed rollouts, rounds) for the full run
-SCHEDULE = {"tiny-dense": (2, 4, 3), "tiny-moe": (2, 4, 3), "compute-dense": (1, 2, 3), "compute-moe": (1, 2, 3)}
+SCHEDULE = {"tiny-dense": (2, 4, 3), "tiny-moe": (2, 4, 3), "compute-dense": (1, 2, 3), "compute-moe": (1, 2, 3),
+            "tiny-dense-p128": (2, 4, 3), "compute-dense-p128": (1, 2, 3)}
 QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
 M = 4  # optimizer steps (minibatches) per rollout
 LR = 1e-5
@@ -113,16 +118,27 @@ def tokenizer_chars() -> str:
     return "".join(sorted(TASK_CHARS)) + "".join(chr(0x4E00 + i) for i in range(FILLER_CHARS))
 
 
+def instruction(n: int) -> str:
+    """A fixed `n`-character instruction (one token per character) put before every prompt."""
+    return "".join(chr(0x4E00 + (37 * i) % FILLER_CHARS) for i in range(n))
+
+
 def build_model_dir(path: Path, w: dict) -> dict:
-    """Save a random model of shape `w` and the char tokenizer to `path`; returns its size."""
+    """Save a random model of shape `w` and the char tokenizer to `path` (and, for a workload
+    with a `prefix`, its prompts as prompts.jsonl); returns the model's size."""
+    from gspo.tasks import arithmetic
     from gspo.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer(tokenizer_chars())
     model = build_tiny_model(tok, hidden_size=w["hidden"], num_layers=w["layers"], num_heads=w["heads"],
                              num_kv_heads=w["kv_heads"], intermediate_size=w["inter"], moe=w["moe"], seed=SEED,
-                             max_position_embeddings=max(128, 32 + w["T"]))
+                             max_position_embeddings=max(128, 32 + w.get("prefix", 0) + w["T"]))
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
+    if w.get("prefix"):
+        head = instruction(w["prefix"])
+        rows = [{"prompt": head + r["prompt"], "answer": r["answer"]} for r in arithmetic(NUM_PROMPTS, seed=SEED)]
+        (path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tok)}
 
 
@@ -132,7 +148,8 @@ def build_model_dir(path: Path, w: dict) -> dict:
 def _gspo_overrides(spec: dict, total: int, out_dir: str) -> list[str]:
     return [
         f"model.name_or_path={spec['model_dir']}", "model.dtype=float32", "model.device=cpu",
-        "data.source=arithmetic", f"data.num_prompts={NUM_PROMPTS}",
+        f"data.source={Path(spec['model_dir']) / 'prompts.jsonl' if spec.get('prefix') else 'arithmetic'}",
+        f"data.num_prompts={NUM_PROMPTS}",
         f"rollout.prompts_per_step={spec['B']}", f"rollout.group_size={spec['G']}",
         f"rollout.max_new_tokens={spec['T']}", "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
         "algo.level=sequence", "algo.eps_low=3e-4", "algo.eps_high=4e-4",
@@ -538,7 +555,7 @@ def _summarise(name, w, info, spec, cells, frameworks) -> dict:
 
 
 def format_table(results: dict) -> str:
-    head = (f"{'workload':<14} {'params':>7} {'BxG,T':>9} {'side':<5} {'s/rollout':>10} {'tok/s':>8} {'len':>6} "
+    head = (f"{'workload':<18} {'params':>7} {'BxG,T':>9} {'side':<5} {'s/rollout':>10} {'tok/s':>8} {'len':>6} "
             f"{'gen':>7} {'pi_old':>7} {'update':>7} {'other':>7}  TRL/gspo")
     lines = [head]
     for name, w in results["workloads"].items():
@@ -548,7 +565,7 @@ def format_table(results: dict) -> str:
             f, ph = w[fw], w[fw]["phases"]
             c = first if i == 0 else ["", "", ""]
             ratio = f"{w['ratio_trl_over_gspo']:.2f}x" if i == 0 and "ratio_trl_over_gspo" in w else ""
-            lines.append(f"{c[0]:<14} {c[1]:>7} {c[2]:>9} {fw:<5} {f['rollout_s']:>10.3f} {f['tokens_per_s']:>8.0f} "
+            lines.append(f"{c[0]:<18} {c[1]:>7} {c[2]:>9} {fw:<5} {f['rollout_s']:>10.3f} {f['tokens_per_s']:>8.0f} "
                          f"{f['mean_completion_len']:>6.1f} {ph['generate']:>7.3f} {ph['pi_old']:>7.3f} "
                          f"{ph['update']:>7.3f} {ph['other'] + ph['score']:>7.3f}  {ratio}")
     busy = max(w[fw]["others_cores_max"] for w in results["workloads"].values() for fw in results["frameworks"])

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from archs import NAMES, build_arch
 
 from gspo.models import naive_token_logprobs, token_logprobs
 from gspo.rollout import Generator, HFGenerator, Rollout
@@ -281,29 +282,14 @@ def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
 
 
 
-def _arch(name: str, vocab: int, tok):
-    import transformers as T
-
-    ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    if name == "gpt2":  # learned positions, no grouped-query attention
-        return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128, **ids))
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, **ids)
-    if name == "llama":
-        return T.LlamaForCausalLM(T.LlamaConfig(**common))
-    if name == "mistral":  # sliding-window attention shorter than the sequences
-        return T.MistralForCausalLM(T.MistralConfig(sliding_window=8, **common))
-    return T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, sliding_window=8, **common))  # + logit soft-capping
-
-
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2", "gpt2"])
+@pytest.mark.parametrize("arch", NAMES)
 def test_decode_on_other_architectures(tok, arch):
     """gspo's decode loop (KV cache, last-position head, rows leaving the batch at EOS) on other
     decoder families: sampler log-probs equal the trainer's recomputation."""
     from gspo.models import use_cpu_gqa_attention
 
     torch.manual_seed(0)
-    m = _arch(arch, len(tok), tok).eval()
+    m = build_arch(arch, len(tok), tok).eval()
     use_cpu_gqa_attention(m)
     eos = tok.convert_tokens_to_ids(list("abcdefgh"))  # several "EOS" ids: rows end at varied steps
     torch.manual_seed(1)

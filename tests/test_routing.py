@@ -181,4 +181,6 @@ def test_training_on_a_saved_mixtral_logs_routes_and_replays(tmp_path):
     run = train(load_config(None, [*overrides, f"model.name_or_path={tmp_path / 'mixtral'}", "algo.level=token",
                                    "algo.routing_replay=true", f"output.dir={tmp_path}"]))
     m = _metrics(run)
-    assert m[0]["routing/changed_frac"] == 0.0 and m[1]["routing/changed_frac"] > 0
+    # the first minibatch's routes are its own; some later step sees routes the updates moved
+    # (a step whose groups all got equal rewards has no gradient and moves nothing)
+    assert m[0]["routing/changed_frac"] == 0.0 and max(x["routing/changed_frac"] for x in m[1:]) > 0

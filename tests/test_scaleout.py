@@ -29,22 +29,39 @@ def test_world_size_rules_name_the_field(overrides, world, field):
         validate_world(cfg, world)
 
 
-def _ctx(world: int, rank: int, batch_size: int, M: int = 2):
-    cfg = SimpleNamespace(seed=5, rollout=SimpleNamespace(batch_size=batch_size),
-                          schedule=SimpleNamespace(num_minibatches=M))
+def _ctx(world: int, rank: int, batch_size: int, M: int = 2, by: str = "row", G: int = 4):
+    cfg = SimpleNamespace(seed=5, rollout=SimpleNamespace(batch_size=batch_size, group_size=G),
+                          schedule=SimpleNamespace(num_minibatches=M, minibatch_by=by))
     return SimpleNamespace(cfg=cfg, dist=Dist(rank=rank, world_size=world))
 
 
+@pytest.mark.parametrize("by", ["row", "group"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_minibatches_union_over_ranks_is_the_one_process_minibatch(world):
+def test_minibatches_union_over_ranks_is_the_one_process_minibatch(world, by):
     n, chunk = 32, 8
-    one = minibatches(_ctx(1, 0, chunk), 3, n)
+    one = minibatches(_ctx(1, 0, chunk, by=by), 3, n)
     share = n // world
     for k in range(2):
-        ranks = [minibatches(_ctx(world, r, chunk), 3, share)[k] + r * share for r in range(world)]
+        ranks = [minibatches(_ctx(world, r, chunk, by=by), 3, share)[k] + r * share for r in range(world)]
         assert sorted(torch.cat(ranks).tolist()) == sorted(one[k].tolist())
     assert sorted(torch.cat(one).tolist()) == list(range(n))  # every row once per rollout
-    assert minibatches(_ctx(1, 0, chunk), 4, n)[0].tolist() != one[0].tolist()  # reshuffled per rollout
+    assert minibatches(_ctx(1, 0, chunk, by=by), 4, n)[0].tolist() != one[0].tolist()  # reshuffled per rollout
+
+
+def test_minibatches_by_group_keep_groups_together_in_random_order():
+    n, G, M = 64, 8, 4
+    plans = [minibatches(_ctx(1, 0, 0, M=M, by="group", G=G), r, n) for r in range(3)]
+    for plan in plans:
+        assert sorted(torch.cat(plan).tolist()) == list(range(n))
+        for mb in plan:  # 2 whole groups per minibatch
+            assert len(set((mb // G).tolist())) == n // G // M
+    assert plans[0][0].tolist() != sorted(plans[0][0].tolist())  # rows shuffled within their groups
+    assert [set((p[0] // G).tolist()) for p in plans] != [set((plans[0][0] // G).tolist())] * 3  # groups too
+    # a chunk smaller than a group's minibatch share: consecutive parts of one group per minibatch
+    small = minibatches(_ctx(1, 0, 0, M=4, by="group", G=8), 0, 16)
+    assert all(len(set((mb // 8).tolist())) == 1 for mb in small)
+    row = minibatches(_ctx(1, 0, 0, M=M, by="row", G=G), 0, n)
+    assert any(len(set((mb // G).tolist())) > n // G // M for mb in row)  # row mode mixes groups
 
 
 def test_logprob_module_bf16_autocast_close_to_fp32():

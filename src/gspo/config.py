@@ -37,6 +37,8 @@ class ModelConfig:
     trust_remote_code: bool = doc(False, "allow model repos to run their own Python code (off unless you trust the repo)")
     gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
     mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
+    share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
+                             "(same numbers; not under gradient checkpointing or MoE route recording)")
     logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
     tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
     tiny_num_layers: int = doc(3, "layers of the built-in tiny model")
@@ -149,6 +151,8 @@ class ScheduleConfig:
     rollouts: int = doc(100, "number of rollouts (each: generate, score, num_minibatches optimizer steps)")
     num_minibatches: int = doc(4, "optimizer steps per rollout (paper §5.1: 4, so steps 2-4 are off-policy)")
     micro_batch_size: int = doc(0, "sequences per forward/backward inside a minibatch (0 = the whole minibatch)")
+    minibatch_by: str = doc("group", "how rows are dealt into minibatches: group (a group's rows together, in "
+                            "random order, so their prompt runs once; verl's layout) | row (each row on its own; TRL's)")
     warmup_steps: int = doc(0, "linear LR warm-up, in optimizer steps")
     lr_schedule: str = doc("constant", "after warm-up: constant | cosine")
     min_lr_ratio: float = doc(0.0, "cosine schedule floor, as a fraction of lr")
@@ -355,6 +359,7 @@ def validate(cfg: Config) -> None:
     validate_world(cfg, 1)
     _check(s.rollouts >= 1, "schedule.rollouts", "must be >= 1")
     _check(s.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
+    _check(s.minibatch_by in ("group", "row"), "schedule.minibatch_by", f"'{s.minibatch_by}' is not group | row")
     _check(s.lr_schedule in ("constant", "cosine"), "schedule.lr_schedule", f"'{s.lr_schedule}' is not constant | cosine")
     _check(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
     _check(cfg.optim.lr > 0, "optim.lr", "must be > 0")

@@ -207,9 +207,8 @@ def _logit_transform(model):
 def _final_hidden(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
     """Final (post-norm) hidden states (N, L, H), without computing any logits when the
     decoder body can be found; otherwise through ``output_hidden_states``."""
-    base = _unwrap(model)
-    body = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
-    if body is not None and body is not base:
+    body = _decoder_body(model)
+    if body is not None:
         out = body(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -225,6 +224,71 @@ def _final_hidden(model, input_ids, attention_mask, position_ids) -> torch.Tenso
         output_hidden_states=True,
     )
     return out.hidden_states[-1]
+
+
+def _decoder_body(model):
+    base = _unwrap(model)
+    body = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
+    return body if body is not None and body is not base else None
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
+    """Rows with the same (left-padded) prompt: (first row of each distinct prompt (k,),
+    each row's prompt index (N,)); prompts are compared over their real tokens and padding."""
+    prompt = torch.where(attention_mask[:, :prompt_len].bool(), input_ids[:, :prompt_len], -1)  # (N, P)
+    _, inverse = torch.unique(prompt, dim=0, return_inverse=True)  # (N,)
+    k = int(inverse.max()) + 1
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((k,), len(inverse), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
+    return first, inverse
+
+
+def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int):
+    """How `token_logprobs(share_prompt=True)` runs a (N, P+T) call: (first row of each distinct
+    prompt (k,), each row's prompt index (N,), leading columns padded in every distinct prompt),
+    or None when the prompts it would not run again are under 1/8 of the call's tokens (then a
+    second decoder call costs more than it saves)."""
+    p = input_ids.shape[1] - completion_len
+    first, inverse = prompt_groups(input_ids, attention_mask, p)
+    mask_u = attention_mask[first, :p]  # (k, P)
+    saved = int(attention_mask[:, :p].sum()) - int(mask_u.sum())  # prompt tokens not run again
+    if saved * 8 < int(attention_mask.sum()):
+        return None
+    return first, inverse, int(mask_u.any(dim=0).long().argmax())
+
+
+def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int):
+    """Final hidden states at the positions predicting y_1..y_T, (N, T, H), with each distinct
+    prompt run once: the decoder body runs on the k distinct prompts with a KV cache, the
+    cache is expanded to the N rows (the gradient of every row flows back into its prompt's
+    keys and values), and the completions run on top of it. The same numbers as one forward
+    over [prompt | completion] (causal attention: a prompt position never sees the
+    completion). None when it would not pay (`prompt_share_plan`) or the model's cache does not
+    allow it (gradient checkpointing, recurrent layers)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    length = input_ids.shape[1]
+    p = length - t
+    body = _decoder_body(model)
+    if body is None or getattr(_unwrap(model), "is_gradient_checkpointing", False):
+        return None  # (checkpointed layers drop the cache)
+    cache = DynamicCache(config=_text_config(_unwrap(model)))
+    if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
+        return None  # attention key/value caches only (full or sliding), not recurrent states
+    plan = prompt_share_plan(input_ids, attention_mask, t)
+    if plan is None:
+        return None
+    first, inverse, cut = plan
+    out = body(input_ids=input_ids[first, cut:p], attention_mask=attention_mask[first, cut:p],
+               position_ids=position_ids[first, cut:p], past_key_values=cache, use_cache=True)
+    last = out.last_hidden_state[:, -1:]  # (k, 1, H): predicts y_1
+    if t == 1:
+        return last[inverse]
+    cache.batch_select_indices(inverse)  # (k, ...) -> (N, ...)
+    out = body(input_ids=input_ids[:, p : length - 1], attention_mask=attention_mask[:, cut : length - 1],
+               position_ids=position_ids[:, p : length - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([last[inverse], out.last_hidden_state], dim=1)  # (N, T, H)
 
 
 def _transform(logits, scale, softcap):
@@ -303,6 +367,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     chunk_size: int = 512,
+    share_prompt: bool = False,
 ) -> torch.Tensor:
     """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
 
@@ -316,6 +381,12 @@ def token_logprobs(
     checkpointing, so at most one chunk's [chunk × vocab] fp32 logits exist at any moment, in
     the forward pass and again (recomputed) in the backward pass. Works with and without grad.
     Position ids restart at each row's first real token (left padding changes nothing).
+
+    ``share_prompt``: rows with the same prompt (a group's G completions) run it once: the
+    distinct prompts go through the decoder with a KV cache, and every row's completion runs on
+    top of its prompt's keys and values. The same numbers (to float rounding) and gradients,
+    with the prompt's work done once instead of G times; used when it saves at least 1/8 of
+    the call's tokens (`prompt_share_plan`) and the model's cache allows it.
     """
     _check_inputs(input_ids, attention_mask, completion_len, temperature)
     n, length = input_ids.shape
@@ -334,8 +405,12 @@ def token_logprobs(
         )
 
     position_ids = position_ids_from_mask(attention_mask)  # (N, L)
-    hidden = _final_hidden(model, input_ids, attention_mask, position_ids)  # (N, L, H)
-    hidden = hidden[:, length - t - 1 : length - 1]  # (N, T, H): positions predicting y_1..y_T
+    hidden = None
+    if share_prompt:
+        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t)
+    if hidden is None:
+        hidden = _final_hidden(model, input_ids, attention_mask, position_ids)  # (N, L, H)
+        hidden = hidden[:, length - t - 1 : length - 1]  # (N, T, H): positions predicting y_1..y_T
     targets = input_ids[:, length - t :]  # (N, T)
     valid = attention_mask[:, length - t :].bool()  # (N, T)
     hidden, targets = hidden[valid], targets[valid]  # (M, H), (M,) real tokens only
@@ -420,11 +495,13 @@ class LogprobModule(torch.nn.Module):
     and the chunked LM head directly while the wrapper still gathers and reduces the root's
     parameters (embeddings, final norm, head). ``autocast_dtype`` runs the forward under
     ``torch.autocast`` (bf16 compute over fp32 weights on one device or under DDP).
+    ``share_prompt`` runs each distinct prompt of a call once (see `token_logprobs`).
     """
 
     def __init__(self, policy, *, temperature: float = 1.0, chunk_size: int = 512,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, share_prompt: bool = False):
         super().__init__()
+        self.share_prompt = bool(share_prompt)
         self.policy = policy
         self.temperature = float(temperature)
         self.chunk_size = int(chunk_size)
@@ -435,4 +512,5 @@ class LogprobModule(torch.nn.Module):
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
-                                  temperature=self.temperature, chunk_size=self.chunk_size)
+                                  temperature=self.temperature, chunk_size=self.chunk_size,
+                                  share_prompt=self.share_prompt)

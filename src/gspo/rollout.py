@@ -289,11 +289,12 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     The loop does what sampling needs and nothing else: the head runs on the last position only
     (``logits_to_keep=1``, also in the prefill), and a row that has drawn EOS leaves the batch
     and the cache at once, so finished rows cost nothing in later steps (transformers'
-    ``generate`` keeps decoding them until every row is done).
+    ``generate`` keeps decoding them until every row is done). The prefill runs each distinct
+    prompt once and copies its KV cache to the rows that share it (a group's G rows).
     """
     from transformers import DynamicCache
 
-    from gspo.models import position_ids_from_mask
+    from gspo.models import position_ids_from_mask, prompt_groups
 
     n, device = ids.shape[0], ids.device
     eos = torch.tensor(list(eos_token_ids), device=device)
@@ -301,13 +302,17 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
     cache = DynamicCache(config=getattr(model, "config", None))
     pos = position_ids_from_mask(mask)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+    first, inverse = prompt_groups(ids, mask, ids.shape[1])  # a group's rows share one prompt
+    out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=pos[first], past_key_values=cache,
+                use_cache=True, logits_to_keep=1)  # the prefill runs each distinct prompt once
+    logits = out.logits[inverse]  # (n, 1, V)
+    if len(first) < n:
+        cache.batch_select_indices(inverse)
     rows = torch.arange(n, device=device)  # rows still decoding, as indices into the batch
     attn, next_pos = mask, pos[:, -1:] + 1
     used = 0
     for t in range(max_new_tokens):
-        tok, lp = sample_tokens(out.logits[:, -1], temperature, top_k, top_p)
+        tok, lp = sample_tokens(logits[:, -1], temperature, top_k, top_p)
         tokens[rows, t], logps[rows, t] = tok, lp
         used = t + 1
         if t == max_new_tokens - 1:
@@ -320,8 +325,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
             cache.batch_select_indices(keep)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        logits = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1).logits
         next_pos = next_pos + 1
     return tokens[:, :used], logps[:, :used]
 

@@ -111,16 +111,26 @@ def minibatches(ctx: RunContext, rollout_index: int, n_local: int) -> list[torch
 
     Every sampling chunk (rollout.batch_size rows, or the process's share) is shuffled with a
     seed made from the run seed, the rollout and the chunk's global position, and deals an equal
-    part to every minibatch. The global minibatch is the union over processes, and is the same
-    for any number of processes when rollout.batch_size is set."""
+    part to every minibatch. With ``schedule.minibatch_by=group`` the shuffle keeps each group's
+    rows together (groups in random order, rows in random order within each), so a minibatch
+    holds whole groups, or consecutive parts of them, and the trainer runs each prompt once.
+    The global minibatch is the union over processes, and is the same for any number of
+    processes when rollout.batch_size is set."""
     cfg, d = ctx.cfg, ctx.dist
     M = cfg.schedule.num_minibatches
     chunk = cfg.rollout.batch_size or n_local
+    by_group = cfg.schedule.minibatch_by == "group"
     parts: list[list[torch.Tensor]] = [[] for _ in range(M)]
     for start in range(0, n_local, chunk):
-        g = torch.Generator().manual_seed(chunk_seed(cfg.seed, rollout_index, d.rank * n_local + start, 1))
-        perm = torch.randperm(chunk, generator=g) + start
-        for k, piece in enumerate(perm.split(chunk // M)):
+        first_row = d.rank * n_local + start  # the chunk's global position
+        g = torch.Generator().manual_seed(chunk_seed(cfg.seed, rollout_index, first_row, 1))
+        perm = torch.randperm(chunk, generator=g)
+        if by_group:  # rows are laid out group by group: global row i is in group i // G
+            G = cfg.rollout.group_size
+            group = (torch.arange(chunk) + first_row) // G - first_row // G  # (chunk,) 0..k-1
+            group_order = torch.randperm(int(group[-1]) + 1, generator=g)
+            perm = perm[group_order[group[perm]].argsort(stable=True)]  # rows keep their shuffled order
+        for k, piece in enumerate((perm + start).split(chunk // M)):
             parts[k].append(piece)
     return [torch.cat(p) for p in parts]
 

@@ -1,0 +1,24 @@
+"""Small decoder models of several families, built from configs (no hub access), for the tests
+that check gspo's forward and decoding paths on more than the tiny Qwen3."""
+
+from __future__ import annotations
+
+import transformers as T
+
+NAMES = ("llama", "mistral", "gemma2", "gpt2")
+
+
+def build_arch(name: str, vocab: int, tok):
+    """A random 2-layer model of family `name` (see NAMES) over the tokenizer `tok`."""
+    ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    if name == "gpt2":  # learned positions, no grouped-query attention
+        return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128, **ids))
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, **ids)
+    if name == "llama":
+        return T.LlamaForCausalLM(T.LlamaConfig(**common))
+    if name == "mistral":  # sliding-window attention shorter than the sequences
+        return T.MistralForCausalLM(T.MistralConfig(sliding_window=8, **common))
+    if name == "gemma2":  # + logit soft-capping, sliding and full layers alternating
+        return T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, sliding_window=8, **common))
+    raise ValueError(name)
