@@ -67,11 +67,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 import step as bench_step  # noqa: E402  (bench/step.py)
 
 # the compute-bound default shape of (b). rollout.old_logp=trainer: the pi_old pass is measured
-# as MoE, bf16 and vLLM runs have it (a dense fp32 run on the hf backend skips it by default)
+# as MoE, bf16 and vLLM runs have it (a dense fp32 run on the hf backend skips it by default);
+# schedule.skip_zero_advantage=false: every row runs, whatever the rewards
+# (equal-reward groups would otherwise leave the passes)
 DEFAULT = ["model.tiny_hidden_size=1024", "model.tiny_num_layers=4", "rollout.max_new_tokens=128",
-           "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.old_logp=trainer"]
+           "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.old_logp=trainer",
+           "schedule.skip_zero_advantage=false"]
 QUICK = ["model.tiny_hidden_size=128", "model.tiny_num_layers=2", "rollout.max_new_tokens=8",
-         "rollout.prompts_per_step=4", "rollout.group_size=4", "data.num_prompts=200", "rollout.old_logp=trainer"]
+         "rollout.prompts_per_step=4", "rollout.group_size=4", "data.num_prompts=200", "rollout.old_logp=trainer",
+         "schedule.skip_zero_advantage=false"]
 PHASES = ("generate", "pi_old", "update")
 
 

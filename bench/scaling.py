@@ -50,13 +50,15 @@ import step as bench_step  # noqa: E402  (bench/step.py)
 PHASES = ("step", "generate", "pi_old", "update", "score")
 FLOP_PHASES = ("generate", "pi_old", "update")
 # rollout.old_logp=trainer: the pi_old pass is measured too (MoE, bf16 and vLLM runs have it; a
-# dense fp32 run on the hf backend skips it by default)
+# dense fp32 run on the hf backend skips it by default); every row runs, whatever the rewards
 BASE = {"model.tiny_hidden_size": 256, "model.tiny_num_layers": 2, "rollout.prompts_per_step": 8,
-        "rollout.group_size": 8, "rollout.max_new_tokens": 32, "rollout.old_logp": "trainer"}
+        "rollout.group_size": 8, "rollout.max_new_tokens": 32, "rollout.old_logp": "trainer",
+        "schedule.skip_zero_advantage": False}
 AXES = {"G": ("rollout.group_size", [4, 8, 16, 32]),
         "length": ("rollout.max_new_tokens", [16, 32, 64, 128]),
         "width": ("model.tiny_hidden_size", [128, 256, 512, 1024])}
-QUICK_BASE = {"rollout.old_logp": "trainer", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
+QUICK_BASE = {"rollout.old_logp": "trainer", "schedule.skip_zero_advantage": False,
+              "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
               "rollout.prompts_per_step": 2,
               "rollout.group_size": 2, "rollout.max_new_tokens": 4, "data.num_prompts": 64}
 QUICK_AXES = {"G": ("rollout.group_size", [2, 4]), "length": ("rollout.max_new_tokens", [4, 8]),

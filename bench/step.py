@@ -134,7 +134,8 @@ def timed_step(ctx, state, wrap=None) -> tuple[dict, object]:
     t0 = time.perf_counter()
     with wrap("pi_old"):
         plan = train.minibatches(ctx, state.rollout, rollout.num_samples)
-        old_logp = train.old_logprobs(ctx, rollout, skip=plan[0])  # the first minibatch's rows: in update
+        old_logp = train.old_logprobs(ctx, rollout, skip=plan[0],  # the first minibatch's rows: in update
+                                      need=train.signal_rows(ctx, adv))
     t_old = time.perf_counter() - t0
     t0 = time.perf_counter()
     with wrap("update"):

@@ -26,7 +26,8 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def test_train_cli_end_to_end(tmp_path):
-    rc, run_dir = run(tmp_path)
+    # a random model scores 0 everywhere: every advantage is 0, so make the rows run anyway
+    rc, run_dir = run(tmp_path, "schedule.skip_zero_advantage=false")
     assert rc == 0
     assert (run_dir / "config.yaml").exists()
     recs = records(run_dir)
@@ -186,7 +187,7 @@ def _step_inputs(tmp_path, *extra):
 
     cfg = load_config(None, [*TINY, "eval.enabled=false", "rollout.old_logp=trainer",
                              "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]",
-                             f"output.dir={tmp_path}", *extra])
+                             "schedule.skip_zero_advantage=false", f"output.dir={tmp_path}", *extra])
     ctx = build_context(cfg)
     batch = ctx.sampler.next_batch()
     rollout = ctx.generator.generate([ctx.render(r["prompt"]) for r in batch], cfg.rollout.group_size,
@@ -210,6 +211,43 @@ def test_first_minibatch_forward_is_pi_old_for_its_rows(tmp_path):
     # its ratio is exactly 1: pi_theta = pi_old, bit for bit
     assert steps[0]["ratio/seq_min"] == steps[0]["ratio/seq_max"] == 1.0 and steps[0]["clip/seq_frac"] == 0.0
     ctx.close()
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_zero_advantage_rows_leave_the_passes_and_change_nothing(tmp_path, level):
+    """schedule.skip_zero_advantage: rows with A = 0 run in neither the pi_old pass nor the
+    update, and the update is the same: losses, gradient norms, parameters. The second minibatch
+    is all zeros: it still takes its AdamW step (zero gradient, momentum from the first)."""
+    from gspo.train import old_logprobs, signal_rows, update
+
+    results = []
+    for skip in (False, True):
+        ctx, rollout, adv, plan, state, torch = _step_inputs(
+            tmp_path / str(skip), "schedule.num_minibatches=2", "optim.lr=0.05", f"algo.level={level}",
+            f"schedule.skip_zero_advantage={str(skip).lower()}")
+        adv = adv.clone()
+        adv[plan[1]] = 0.0  # a whole minibatch without signal
+        adv[plan[0][::2]] = 0.0  # and half of the other
+        assert (adv[plan[0]] != 0).any()
+        ran = []
+        h = ctx.trainer.register_forward_hook(lambda m, a, o: ran.append(a[0].shape[0]))
+        signal = signal_rows(ctx, adv)
+        steps = update(ctx, rollout, old_logprobs(ctx, rollout, skip=plan[0], need=signal), adv, state, plan,
+                       fill_first=True)
+        h.remove()
+        params = {k: p.detach().clone() for k, p in ctx.model.named_parameters()}
+        results.append((steps, params, ran))
+        ctx.close()
+    (full, p_full, ran_full), (skipped, p_skip, ran_skip) = results
+    assert sum(ran_skip) == int((adv[plan[0]] != 0).sum()) < sum(ran_full)  # only the signal rows ran
+    assert skipped[0]["rows/skipped_frac"] == pytest.approx(1 - (adv[plan[0]] != 0).float().mean().item())
+    assert skipped[1]["rows/skipped_frac"] == 1.0 and "rows/skipped_frac" not in full[0]
+    for a, b in zip(full, skipped):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-8)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-8)
+    assert full[1]["grad_norm"] == 0.0  # no signal: a zero gradient, yet the parameters move
+    for k in p_full:
+        torch.testing.assert_close(p_skip[k], p_full[k], rtol=0, atol=1e-6, msg=k)
 
 
 def test_on_policy_schedule_runs_no_separate_pi_old_pass(tmp_path):
@@ -265,7 +303,7 @@ def test_old_logp_auto_resolution(extra, has_routers, want):
 
 
 def test_default_dense_run_uses_sampler_logp_and_monitors_the_gap(tmp_path):
-    rc, run_dir = run(tmp_path, "eval.enabled=false")
+    rc, run_dir = run(tmp_path, "eval.enabled=false", "schedule.skip_zero_advantage=false")  # (all rewards 0)
     assert rc == 0
     for rec in records(run_dir):
         assert rec["mismatch/token_abs_max"] < 1e-5  # same weights, same precision: rounding only

@@ -304,6 +304,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 # metrics that are means over completion tokens (the rest of `_metrics` are over sequences,
 # or a min / max): combined across micro-batches and processes weighted by token counts
 TOKEN_METRICS = ("clip/token_frac", "clip/token_frac_low", "clip/token_frac_high", "kl/approx")
+# ... and the means over sequences, weighted by sequence counts
+SEQUENCE_METRICS = ("clip/seq_frac", "ratio/seq_mean", "completion/len_mean")
+# every metric of policy_loss but the loss itself
+ROW_METRICS = ("clip/token_frac", "clip/token_frac_low", "clip/token_frac_high", "clip/seq_frac", "ratio/seq_mean",
+               "ratio/seq_min", "ratio/seq_max", "kl/approx", "completion/len_mean")
 
 
 @torch.no_grad()
@@ -341,7 +346,4 @@ def _metrics(loss, ratio, adv, tok_lr, seq_ratio, mask, lengths, max_log_ratio, 
         k3.sum() / n_tok,
         lengths.sum().double() / lengths.numel(),
     )]).tolist()  # one device sync for all metrics
-    names = ("loss", "clip/token_frac", "clip/token_frac_low", "clip/token_frac_high",
-             "clip/seq_frac", "ratio/seq_mean", "ratio/seq_min", "ratio/seq_max", "kl/approx",
-             "completion/len_mean")
-    return dict(zip(names, values))
+    return dict(zip(("loss", *ROW_METRICS), values))

@@ -38,7 +38,7 @@ class ModelConfig:
     gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
     mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
     share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
-                             "(same numbers; not under gradient checkpointing or MoE route recording)")
+                             "(same numbers; not under gradient checkpointing, FSDP2 or MoE route recording)")
     logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
     tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
     tiny_num_layers: int = doc(3, "layers of the built-in tiny model")
@@ -151,6 +151,9 @@ class ScheduleConfig:
     rollouts: int = doc(100, "number of rollouts (each: generate, score, num_minibatches optimizer steps)")
     num_minibatches: int = doc(4, "optimizer steps per rollout (paper §5.1: 4, so steps 2-4 are off-policy)")
     micro_batch_size: int = doc(0, "sequences per forward/backward inside a minibatch (0 = the whole minibatch)")
+    skip_zero_advantage: bool = doc(True, "leave rows with advantage 0 (a group whose rewards are all equal) out of the "
+                                    "trainer's passes: they add exactly 0 to the loss and gradient; metrics then cover "
+                                    "the other rows (rows/skipped_frac)")
     minibatch_by: str = doc("group", "how rows are dealt into minibatches: group (a group's rows together, in "
                             "random order, so their prompt runs once; verl's layout) | row (each row on its own; TRL's)")
     warmup_steps: int = doc(0, "linear LR warm-up, in optimizer steps")

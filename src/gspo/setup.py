@@ -338,8 +338,10 @@ def build_context(cfg: Config) -> RunContext:
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
-    # a MoE route record is laid out as one forward over [prompt | completion]
-    share = cfg.model.share_prompt and not (routes and routes.active)
+    # A MoE route record is laid out as one forward over [prompt | completion]. Under FSDP2 every
+    # decoder call gathers the shards, so all ranks must make the same calls: each decides
+    # sharing from its own rows, so it is off there.
+    share = cfg.model.share_prompt and not (routes and routes.active) and not (d.enabled and d.strategy == "fsdp")
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
                             autocast_dtype=autocast, share_prompt=share)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,

@@ -65,21 +65,24 @@ def trainer_logprobs(ctx: RunContext, rollout: Rollout, idx: torch.Tensor, mode:
 
 
 @torch.no_grad()
-def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = None) -> torch.Tensor:
+def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = None,
+                 need: torch.Tensor | None = None) -> torch.Tensor:
     """pi_old per token (N, T): the sampler's log-probs (paper §5.4) or one no-grad trainer pass.
 
     The rows `skip` (the first minibatch) are left at 0 for `update` to fill: it runs them
     through the trainer before any weights change, so its own forward is pi_old for them and
-    a pass here would compute the same numbers again (with num_minibatches=1, the whole pass)."""
+    a pass here would compute the same numbers again (with num_minibatches=1, the whole pass).
+    Rows outside `need` ((N,) bool, `signal_rows`) are left at 0 too: the update never uses them."""
     if ctx.routes is not None:
         ctx.routes.reset(rollout.num_samples, rollout.input_ids.shape[1], ctx.device)
     if ctx.old_logp == "sampler":
         return rollout.sampler_logp
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=ctx.device)
     rows = torch.arange(rollout.num_samples)
-    if skip is not None:
-        keep = torch.ones(rollout.num_samples, dtype=torch.bool)
-        keep[skip] = False
+    if skip is not None or need is not None:
+        keep = torch.ones(rollout.num_samples, dtype=torch.bool) if need is None else need.clone()
+        if skip is not None:
+            keep[skip] = False
         rows = rows[keep]
     # forwards of minibatch size (one forward over every row runs slower per row once the
     # activations leave the cache), rows sorted by length so each forward trims more padding
@@ -95,8 +98,9 @@ def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = 
 def mismatch_metrics(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict:
     """Gap between the sampler's and the trainer's log-probs on the same tokens."""
     m = mask.bool()
-    if not m.any():
-        return {}
+    if not m.any():  # the same keys on every rank: NaN is left out of the reduction
+        return dict.fromkeys(("mismatch/token_abs_mean", "mismatch/token_abs_max", "mismatch/seq_abs_mean",
+                              "mismatch/kl"), math.nan)
     d = (sampler_logp - trainer_logp)[m]
     n = mask.sum(-1).clamp(min=1)
     seq = ((sampler_logp - trainer_logp) * mask).sum(-1) / n
@@ -137,6 +141,8 @@ def minibatches(ctx: RunContext, rollout_index: int, n_local: int) -> list[torch
 
 def _mismatch_parts(gaps: list) -> dict:
     """mismatch_metrics over micro-batches of different widths (padded to the widest)."""
+    if not gaps:  # no row ran
+        return mismatch_metrics(*[torch.zeros(0, 0)] * 3)
     t = max(g[0].shape[1] for g in gaps)
     pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]))  # noqa: E731
     return mismatch_metrics(*(torch.cat([pad(g[j]) for g in gaps]) for j in range(3)))
@@ -153,6 +159,7 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
     cfg, d = ctx.cfg, ctx.dist
     token_mean = cfg.algo.aggregation == "token-mean"
     sampler_pi_old = ctx.old_logp == "sampler"
+    signal = signal_rows(ctx, adv)  # (N,) bool on the CPU, or None: every row runs
     out = []
     for step_in_rollout, mb_idx in enumerate(plan or minibatches(ctx, state.rollout, rollout.num_samples)):
         fill = fill_first and step_in_rollout == 0
@@ -163,49 +170,72 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         if token_mean:
             mb_tokens = d.all_reduce([rollout.completion_mask[mb_idx].sum().item()])[0]
         micro = cfg.schedule.micro_batch_size or len(mb_idx)
+        pieces = list(mb_idx.split(micro))
+        if signal is not None:  # rows with advantage 0 add 0 to the loss and its gradient
+            live = [mi[signal[mi]] for mi in pieces]
+            # a micro-batch with no such row anywhere is skipped by every rank; a rank without
+            # one still runs a row (at weight 0) when another rank has some: the same collectives
+            anywhere = d.all_reduce([float(len(x)) for x in live])
+            pieces = [(x, False) if len(x) else (mi[:1], True) for x, mi, n in zip(live, pieces, anywhere) if n > 0]
+        else:
+            pieces = [(mi, False) for mi in pieces]
         sums: dict[str, float] = {}
         tokens = 0.0
+        rows = 0
         loss_total = 0.0
         gaps = []
-        for mi in mb_idx.split(micro):
+        for mi, placeholder in pieces:
             part, logp = trainer_logprobs(ctx, rollout, mi, "capture" if fill else "compare")  # (b, T)
             T = part.completion_ids.shape[1]
             if fill:
                 old_logp[mi, :T] = logp.detach().float()
             if sampler_pi_old and step_in_rollout == 0:  # π_θ = π_old here: the sampler-trainer gap
-                gaps.append((part.sampler_logp, logp.detach(), part.completion_mask))
+                gaps.append((part.sampler_logp, logp.detach(), part.completion_mask * (not placeholder)))
             loss, m = algo.policy_loss(
                 logp, old_logp[mi, :T], adv[mi], part.completion_mask, level=cfg.algo.level,
                 eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high, aggregation=cfg.algo.aggregation,
                 max_log_ratio=cfg.algo.max_log_ratio,
                 max_len=cfg.rollout.max_new_tokens if cfg.algo.aggregation == "seq-mean-token-sum-norm" else None)
             # the minibatch loss is the mean over its sequences (or its tokens, for token-mean)
-            share = len(mi) / len(mb_idx)
-            n_tok = round(m["completion/len_mean"] * len(mi))  # completion tokens (no extra device sync)
+            share = 0.0 if placeholder else len(mi) / len(mb_idx)
+            n_tok = 0 if placeholder else round(m["completion/len_mean"] * len(mi))  # (no extra device sync)
             tokens += n_tok
+            rows += 0 if placeholder else len(mi)
             w = n_tok / max(mb_tokens, 1) * d.world_size if token_mean else share
             if faults.nan_loss(state.step + 1):  # tests only
                 loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
             for k, v in m.items():
-                if k in algo.TOKEN_METRICS:  # per-token fractions: weighted by tokens
-                    sums[k] = sums.get(k, 0.0) + v * n_tok
-                elif k.endswith("_min") or k.endswith("_max"):
+                if placeholder:  # present on every rank, counted by none (NaN: left out by the reduction)
+                    sums.setdefault(k, float("nan"))
+                    continue
+                if k.endswith("_min") or k.endswith("_max"):
                     pick = min if k.endswith("_min") else max
-                    sums[k] = pick(sums.get(k, v), v)
-                else:  # per-sequence means: weighted by sequences
-                    sums[k] = sums.get(k, 0.0) + v * share
+                    sums[k] = v if sums.get(k, math.nan) != sums.get(k, math.nan) else pick(sums[k], v)
+                else:  # per-token fractions weighted by tokens, per-sequence means by sequences
+                    x = v * (n_tok if k in algo.TOKEN_METRICS else len(mi))
+                    sums[k] = x if sums.get(k, math.nan) != sums.get(k, math.nan) else sums[k] + x
+        if not pieces:  # the whole minibatch had advantage 0: its gradient is exactly zero
+            for p in ctx.trainer.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)  # (None would make AdamW skip the step)
         grad_norm = _grad_norm(ctx)
-        if gaps:
+        if sampler_pi_old and step_in_rollout == 0:
             sums.update(_mismatch_parts(gaps))
         if ctx.routes is not None:
             sums.update(ctx.routes.take_metrics(per_layer=cfg.logging.routing_per_layer, captured=fill))
-        metrics = d.reduce_metrics({**sums, "loss": loss_total, "tokens/minibatch": tokens},  # one decision
-                                   sums=(*algo.TOKEN_METRICS, "tokens/minibatch"))       # on every rank
-        for k in algo.TOKEN_METRICS:
-            if k in metrics:
-                metrics[k] /= max(metrics["tokens/minibatch"], 1.0)
+        per_row = [k for k in sums if k in algo.TOKEN_METRICS or k in algo.SEQUENCE_METRICS]
+        metrics = d.reduce_metrics({**sums, "loss": loss_total, "tokens/minibatch": tokens, "rows/minibatch": rows},
+                                   sums=(*per_row, "tokens/minibatch", "rows/minibatch"))  # one decision on every rank
+        for k in algo.ROW_METRICS:  # NaN (null in metrics.jsonl) when no row ran
+            n = metrics["tokens/minibatch" if k in algo.TOKEN_METRICS else "rows/minibatch"]
+            if k in per_row:
+                metrics[k] = metrics[k] / n if n > 0 else math.nan
+            elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
+                metrics[k] = math.nan
+        if signal is not None:
+            metrics["rows/skipped_frac"] = 1.0 - metrics["rows/minibatch"] / (len(mb_idx) * d.world_size)
         loss_total = metrics["loss"]
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = ctx.scheduler.get_last_lr()[0]
@@ -231,6 +261,17 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         for m in out[1:]:
             m.update(gap)
     return out
+
+
+def signal_rows(ctx: RunContext, adv: torch.Tensor) -> torch.Tensor | None:
+    """Rows whose advantage is not 0 ((N,) bool, on the CPU), when `schedule.skip_zero_advantage`
+    leaves the others out of the trainer's passes; None when every row runs. A row with A_i = 0
+    adds exactly 0 to the loss and to its gradient at every level and aggregation (the loss has
+    no other term); it still counts in the minibatch's size and token count, so the other rows'
+    weights do not change. Not on a MoE model that records routes (the record covers every row)."""
+    if not ctx.cfg.schedule.skip_zero_advantage or ctx.routes is not None:
+        return None
+    return (adv != 0).cpu()
 
 
 def _grad_norm(ctx: RunContext) -> float:
@@ -344,14 +385,16 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 adv = adv.to(ctx.device)
                 t0 = time.perf_counter()
                 plan = minibatches(ctx, state.rollout, rollout.num_samples)
-                old_logp = old_logprobs(ctx, rollout, skip=plan[0])                # 5. pi_old
+                signal = signal_rows(ctx, adv)  # None, or the rows with a nonzero advantage
+                old_logp = old_logprobs(ctx, rollout, skip=plan[0], need=signal)   # 5. pi_old
                 t_old = time.perf_counter() - t0
                 common = rollout_metrics(ctx, rollout, rewards, adv_stats)
                 steps = update(ctx, rollout, old_logp, adv, state, plan,            # 6. minibatch updates
                                fill_first=ctx.old_logp == "trainer")
-                if ctx.old_logp == "trainer":  # old_logp now holds pi_old for every row
-                    common.update(d.reduce_metrics(
-                        mismatch_metrics(rollout.sampler_logp, old_logp, rollout.completion_mask)))
+                if ctx.old_logp == "trainer":  # old_logp now holds pi_old for every row that ran
+                    ran = rollout.completion_mask if signal is None else \
+                        rollout.completion_mask * signal.to(rollout.completion_mask.device)[:, None]
+                    common.update(d.reduce_metrics(mismatch_metrics(rollout.sampler_logp, old_logp, ran)))
                 ctx.sync_sampler()                                                  # 7. sync
                 state.rollout += 1
                 state.sampler = ctx.sampler.state_dict()
