@@ -143,6 +143,29 @@ def test_falls_back_or_skips_the_second_call(tok, case):
     assert calls == ([(3, 9)] if case == "one-token" else [tuple(ids.shape)])
 
 
+def test_processes_agree_before_sharing(tok):
+    """Under FSDP2 the decision goes through `agree` (an all-reduce there): when another process
+    cannot share, this one runs the single forward too; a one-token call asks it as well."""
+    model = _model("qwen3", tok)
+    ids, mask = _grouped_batch(len(tok))
+    asked = []
+
+    def no(ok):
+        asked.append(ok)
+        return False
+
+    calls, handle = _body_calls(model)
+    try:
+        with torch.no_grad():
+            LogprobModule(model, share_prompt=True, agree=no)(ids, mask, 6)
+            LogprobModule(model, share_prompt=True, agree=lambda ok: asked.append(ok) or ok)(ids, mask, 6)
+            LogprobModule(model, share_prompt=True, agree=lambda ok: asked.append(ok) or ok)(ids[:, :10], mask[:, :10], 1)
+    finally:
+        handle.remove()
+    assert asked == [True, True, False]  # t = 1: this process would make one call, the others two
+    assert calls == [tuple(ids.shape), (3, 9), (12, 5), (12, 10)]
+
+
 def test_logprob_module_passes_it_on(tok):
     model = _model("qwen3", tok)
     ids, mask = _grouped_batch(len(tok))

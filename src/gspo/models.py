@@ -257,14 +257,16 @@ def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, com
     return first, inverse, int(mask_u.any(dim=0).long().argmax())
 
 
-def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int):
+def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, agree=None):
     """Final hidden states at the positions predicting y_1..y_T, (N, T, H), with each distinct
     prompt run once: the decoder body runs on the k distinct prompts with a KV cache, the
     cache is expanded to the N rows (the gradient of every row flows back into its prompt's
     keys and values), and the completions run on top of it. The same numbers as one forward
     over [prompt | completion] (causal attention: a prompt position never sees the
     completion). None when it would not pay (`prompt_share_plan`) or the model's cache does not
-    allow it (gradient checkpointing, recurrent layers)."""
+    allow it (gradient checkpointing, recurrent layers). `agree(local decision) -> decision`
+    makes the decision common to processes whose decoder calls are collectives (FSDP2): then
+    every process makes the same two calls, or one."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -277,6 +279,8 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
     if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
         return None  # attention key/value caches only (full or sliding), not recurrent states
     plan = prompt_share_plan(input_ids, attention_mask, t)
+    if agree is not None and not agree(plan is not None and t > 1):  # (t = 1 would be one call)
+        return None
     if plan is None:
         return None
     first, inverse, cut = plan
@@ -368,6 +372,7 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 512,
     share_prompt: bool = False,
+    agree=None,
 ) -> torch.Tensor:
     """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
 
@@ -386,7 +391,8 @@ def token_logprobs(
     distinct prompts go through the decoder with a KV cache, and every row's completion runs on
     top of its prompt's keys and values. The same numbers (to float rounding) and gradients,
     with the prompt's work done once instead of G times; used when it saves at least 1/8 of
-    the call's tokens (`prompt_share_plan`) and the model's cache allows it.
+    the call's tokens (`prompt_share_plan`) and the model's cache allows it. Under FSDP2 pass
+    `agree` (see `_shared_prompt_hidden`) so that all processes decide alike.
     """
     _check_inputs(input_ids, attention_mask, completion_len, temperature)
     n, length = input_ids.shape
@@ -407,7 +413,7 @@ def token_logprobs(
     position_ids = position_ids_from_mask(attention_mask)  # (N, L)
     hidden = None
     if share_prompt:
-        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t)
+        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, agree)
     if hidden is None:
         hidden = _final_hidden(model, input_ids, attention_mask, position_ids)  # (N, L, H)
         hidden = hidden[:, length - t - 1 : length - 1]  # (N, T, H): positions predicting y_1..y_T
@@ -495,13 +501,15 @@ class LogprobModule(torch.nn.Module):
     and the chunked LM head directly while the wrapper still gathers and reduces the root's
     parameters (embeddings, final norm, head). ``autocast_dtype`` runs the forward under
     ``torch.autocast`` (bf16 compute over fp32 weights on one device or under DDP).
-    ``share_prompt`` runs each distinct prompt of a call once (see `token_logprobs`).
+    ``share_prompt`` runs each distinct prompt of a call once (see `token_logprobs`; ``agree``
+    makes that decision common to all processes, for FSDP2).
     """
 
     def __init__(self, policy, *, temperature: float = 1.0, chunk_size: int = 512,
-                 autocast_dtype: torch.dtype | None = None, share_prompt: bool = False):
+                 autocast_dtype: torch.dtype | None = None, share_prompt: bool = False, agree=None):
         super().__init__()
         self.share_prompt = bool(share_prompt)
+        self.agree = agree
         self.policy = policy
         self.temperature = float(temperature)
         self.chunk_size = int(chunk_size)
@@ -513,4 +521,4 @@ class LogprobModule(torch.nn.Module):
                             enabled=self.autocast_dtype is not None):
             return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
                                   temperature=self.temperature, chunk_size=self.chunk_size,
-                                  share_prompt=self.share_prompt)
+                                  share_prompt=self.share_prompt, agree=self.agree)
