@@ -169,19 +169,9 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         # are), token means the global token count.
         if token_mean:
             mb_tokens = d.all_reduce([rollout.completion_mask[mb_idx].sum().item()])[0]
-        micro = cfg.schedule.micro_batch_size or len(mb_idx)
-        pieces = list(mb_idx.split(micro))
-        if signal is not None:  # rows with advantage 0 add 0 to the loss and its gradient
-            live = [mi[signal[mi]] for mi in pieces]
-            # a micro-batch with no such row anywhere is skipped by every rank; a rank without
-            # one still runs a row (at weight 0) when another rank has some: the same collectives
-            anywhere = d.all_reduce([float(len(x)) for x in live])
-            pieces = [(x, False) if len(x) else (mi[:1], True) for x, mi, n in zip(live, pieces, anywhere) if n > 0]
-        else:
-            pieces = [(mi, False) for mi in pieces]
+        pieces = _micro_batches(ctx, mb_idx, signal)
         sums: dict[str, float] = {}
-        tokens = 0.0
-        rows = 0
+        tokens = rows = 0
         loss_total = 0.0
         gaps = []
         for mi, placeholder in pieces:
@@ -206,16 +196,7 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
                 loss = loss * float("nan")
             (loss * w).backward()
             loss_total += loss.item() * w
-            for k, v in m.items():
-                if placeholder:  # present on every rank, counted by none (NaN: left out by the reduction)
-                    sums.setdefault(k, float("nan"))
-                    continue
-                if k.endswith("_min") or k.endswith("_max"):
-                    pick = min if k.endswith("_min") else max
-                    sums[k] = v if sums.get(k, math.nan) != sums.get(k, math.nan) else pick(sums[k], v)
-                else:  # per-token fractions weighted by tokens, per-sequence means by sequences
-                    x = v * (n_tok if k in algo.TOKEN_METRICS else len(mi))
-                    sums[k] = x if sums.get(k, math.nan) != sums.get(k, math.nan) else sums[k] + x
+            _add_metrics(sums, m, n_tok, 0 if placeholder else len(mi))
         if not pieces:  # the whole minibatch had advantage 0: its gradient is exactly zero
             for p in ctx.trainer.parameters():
                 if p.requires_grad and p.grad is None:
@@ -225,32 +206,11 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
             sums.update(_mismatch_parts(gaps))
         if ctx.routes is not None:
             sums.update(ctx.routes.take_metrics(per_layer=cfg.logging.routing_per_layer, captured=fill))
-        per_row = [k for k in sums if k in algo.TOKEN_METRICS or k in algo.SEQUENCE_METRICS]
-        metrics = d.reduce_metrics({**sums, "loss": loss_total, "tokens/minibatch": tokens, "rows/minibatch": rows},
-                                   sums=(*per_row, "tokens/minibatch", "rows/minibatch"))  # one decision on every rank
-        for k in algo.ROW_METRICS:  # NaN (null in metrics.jsonl) when no row ran
-            n = metrics["tokens/minibatch" if k in algo.TOKEN_METRICS else "rows/minibatch"]
-            if k in per_row:
-                metrics[k] = metrics[k] / n if n > 0 else math.nan
-            elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
-                metrics[k] = math.nan
+        metrics = _reduce_metrics(d, sums, loss_total, tokens, rows)
         if signal is not None:
             metrics["rows/skipped_frac"] = 1.0 - metrics["rows/minibatch"] / (len(mb_idx) * d.world_size)
-        loss_total = metrics["loss"]
-        metrics["grad_norm"] = grad_norm
-        metrics["lr"] = ctx.scheduler.get_last_lr()[0]
-        if math.isfinite(loss_total) and math.isfinite(grad_norm):
-            ctx.optimizer.step()
-            state.bad_steps = 0
-        else:
-            state.bad_steps += 1
-            state.skipped_steps += 1
-            if d.is_main:
-                warnings.warn(f"step {state.step + 1}: non-finite loss ({loss_total}) or gradient norm "
-                              f"({grad_norm}); step skipped ({state.bad_steps} in a row)")
-        ctx.optimizer.zero_grad(set_to_none=True)
-        ctx.scheduler.step()
-        state.step += 1
+        metrics.update(grad_norm=grad_norm, lr=ctx.scheduler.get_last_lr()[0])
+        _optimizer_step(ctx, state, metrics["loss"], grad_norm)
         metrics["train/skipped_steps"] = state.skipped_steps
         metrics["time/update"] = time.perf_counter() - t0
         out.append(metrics)
@@ -261,6 +221,68 @@ def update(ctx: RunContext, rollout: Rollout, old_logp: torch.Tensor, adv: torch
         for m in out[1:]:
             m.update(gap)
     return out
+
+
+def _micro_batches(ctx: RunContext, mb_idx: torch.Tensor, signal: torch.Tensor | None) -> list[tuple]:
+    """The minibatch's micro-batches as (row indices, placeholder). Without `signal` every row
+    runs. With it, rows with advantage 0 are left out (they add 0 to the loss and its gradient);
+    a micro-batch left with no row on any rank is dropped by every rank, and a rank left with
+    none while another rank has some runs one row at weight 0 (the placeholder), so that every
+    rank makes the same collective calls."""
+    micro = ctx.cfg.schedule.micro_batch_size or len(mb_idx)
+    pieces = list(mb_idx.split(micro))
+    if signal is None:
+        return [(mi, False) for mi in pieces]
+    live = [mi[signal[mi]] for mi in pieces]
+    anywhere = ctx.dist.all_reduce([float(len(x)) for x in live])
+    return [(x, False) if len(x) else (mi[:1], True) for x, mi, n in zip(live, pieces, anywhere) if n > 0]
+
+
+def _add_metrics(sums: dict, m: dict, n_tok: int, n_rows: int) -> None:
+    """Add one micro-batch's `policy_loss` metrics into `sums`: per-token fractions times its
+    tokens, per-sequence means times its rows, min / max combined. A placeholder (n_rows 0)
+    only makes the keys exist, as NaN, which the reduction over ranks leaves out."""
+    for k, v in m.items():
+        have = sums.get(k, math.nan) == sums.get(k, math.nan)  # (NaN: nothing counted yet)
+        if not n_rows:
+            sums.setdefault(k, math.nan)
+        elif k.endswith("_min") or k.endswith("_max"):
+            sums[k] = (min if k.endswith("_min") else max)(sums[k], v) if have else v
+        else:
+            x = v * (n_tok if k in algo.TOKEN_METRICS else n_rows)
+            sums[k] = sums[k] + x if have else x
+
+
+def _reduce_metrics(d, sums: dict, loss: float, tokens: int, rows: int) -> dict:
+    """The minibatch's metrics over all ranks (one decision on every rank): sums divided by the
+    global token / row counts; NaN (null in metrics.jsonl) where no row ran."""
+    per_row = [k for k in sums if k in algo.TOKEN_METRICS or k in algo.SEQUENCE_METRICS]
+    metrics = d.reduce_metrics({**sums, "loss": loss, "tokens/minibatch": tokens, "rows/minibatch": rows},
+                               sums=(*per_row, "tokens/minibatch", "rows/minibatch"))
+    for k in algo.ROW_METRICS:
+        n = metrics["tokens/minibatch" if k in algo.TOKEN_METRICS else "rows/minibatch"]
+        if k in per_row:
+            metrics[k] = metrics[k] / n if n > 0 else math.nan
+        elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
+            metrics[k] = math.nan
+    return metrics
+
+
+def _optimizer_step(ctx: RunContext, state: TrainerState, loss: float, grad_norm: float) -> None:
+    """Step (or, with a non-finite loss or gradient, skip and count), clear the gradients, and
+    advance the schedule."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        ctx.optimizer.step()
+        state.bad_steps = 0
+    else:
+        state.bad_steps += 1
+        state.skipped_steps += 1
+        if ctx.dist.is_main:
+            warnings.warn(f"step {state.step + 1}: non-finite loss ({loss}) or gradient norm "
+                          f"({grad_norm}); step skipped ({state.bad_steps} in a row)")
+    ctx.optimizer.zero_grad(set_to_none=True)
+    ctx.scheduler.step()
+    state.step += 1
 
 
 def signal_rows(ctx: RunContext, adv: torch.Tensor) -> torch.Tensor | None:
