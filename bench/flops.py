@@ -36,7 +36,7 @@ QK^T and does four more L^2 products, 10 A L^2, so 14 executed against the textb
 recomputation). The mask is a padding mask, not is_causal, so the full L x L square is counted.
 pi_old runs on the rows outside the first minibatch (train.old_logprobs(skip=plan[0]); the
 first minibatch's forward in the update is its pi_old), so it is ~3/4 of a full pass with 4
-minibatches. The LM head runs only on the Mc real completion tokens (gspo.models.token_logprobs), under
+minibatches. The LM head runs only on the Mc real completion tokens (gspo.logprobs.token_logprobs), under
 activation checkpointing in the update: forward 2, recomputed forward 2, backward 4 = 8 H V
 (model count 6); when a micro-batch's Mc x V fp32 logits fit in 16 MiB (small vocabularies)
 the head is not checkpointed and it is 6 H V. Elementwise work (norms, RoPE, SiLU, softmax, loss, AdamW) is not counted.
@@ -104,7 +104,7 @@ def forward_flops(d: dict, b: int, L: int, mc: int) -> int:
 def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
     """Forward + backward on a (b, L) micro-batch: executed (attention-backward and LM-head
     recomputation included) or textbook "model" FLOPs."""
-    from gspo.models import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
+    from gspo.logprobs import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
 
     recomputed = mc * d["V"] * 4 > _UNCHECKPOINTED_LOGITS_BYTES
     attn, head = (14, 8 if recomputed else 6) if executed else (12, 6)
@@ -113,8 +113,8 @@ def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
 
 def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool) -> int:
     """A call that runs k distinct Pw-wide prompts once, then b rows' first t-1 completion
-    columns on their keys/values (gspo.models.prompt_share_plan): forward, or forward + backward."""
-    from gspo.models import _UNCHECKPOINTED_LOGITS_BYTES
+    columns on their keys/values (gspo.logprobs.prompt_share_plan): forward, or forward + backward."""
+    from gspo.logprobs import _UNCHECKPOINTED_LOGITS_BYTES
 
     tc = t - 1
     positions = k * Pw + b * tc
@@ -127,7 +127,7 @@ def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool)
 
 def call_flops(d: dict, ids, mask, t: int, mc: int, train: bool, share: bool = True) -> int:
     """One LogprobModule call on (b, L) ids/mask, with prompt sharing when gspo would use it."""
-    from gspo.models import prompt_share_plan
+    from gspo.logprobs import prompt_share_plan
 
     b, L = ids.shape
     plan = prompt_share_plan(ids, mask, t) if share else None
@@ -171,7 +171,7 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
     d = model_dims(ctx.model)
     n = rollout.num_samples
     T = rollout.completion_ids.shape[1]
-    from gspo.models import prompt_groups
+    from gspo.logprobs import prompt_groups
 
     gen = 0
     chunk = ctx.generator.batch_size or n
@@ -246,7 +246,7 @@ def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 
     rows hold that many distinct prompts (consecutive rows share one), so the calls share them."""
     import torch
 
-    from gspo.models import LogprobModule, prompt_share_plan
+    from gspo.logprobs import LogprobModule, prompt_share_plan
     from gspo.rollout import HFGenerator
     from gspo.tiny import build_char_tokenizer, build_tiny_model
 

@@ -11,9 +11,9 @@ checkpointing on. The step is
 
 for two paths:
 
-    chunked  gspo.models.token_logprobs: the decoder body once, then the LM head and the
+    chunked  gspo.logprobs.token_logprobs: the decoder body once, then the LM head and the
              log-softmax a chunk of tokens at a time under activation checkpointing
-    naive    gspo.models.naive_token_logprobs: model(...).logits, the whole (N, L, V) at once
+    naive    gspo.logprobs.naive_token_logprobs: model(...).logits, the whole (N, L, V) at once
 
 Each path runs in its own fresh subprocess, so that the peaks do not mix. The figure is the
 peak memory of the step above the baseline, the memory held once the model and the inputs
@@ -253,7 +253,7 @@ def _grad_names(model: Any) -> list[str]:
 def _step(model: Any, path: str, inputs: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any]:
     """Log-probs by `path`, GSPO loss and backward; returns (loss, logp), both detached."""
     from gspo.algo import policy_loss
-    from gspo.models import naive_token_logprobs, token_logprobs
+    from gspo.logprobs import naive_token_logprobs, token_logprobs
 
     fn = token_logprobs if path == "chunked" else naive_token_logprobs
     logp = fn(model, inputs["input_ids"], inputs["attention_mask"], args.completion_len,

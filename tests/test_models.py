@@ -1,22 +1,15 @@
-"""gspo.tiny and gspo.models: tiny models round-trip; chunked log-probs equal the naive ones."""
+"""gspo.tiny, gspo.models and gspo.logprobs: tiny models round-trip; chunked log-probs equal the naive ones."""
 
 import warnings
 
 import pytest
 import torch
 
-import gspo.models
+import gspo.logprobs
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gspo.models import (
-    ModelError,
-    eos_token_ids,
-    load_policy,
-    naive_token_logprobs,
-    position_ids_from_mask,
-    resolve_device,
-    token_logprobs,
-)
+from gspo.logprobs import naive_token_logprobs, token_logprobs
+from gspo.models import ModelError, eos_token_ids, load_policy, position_ids_from_mask, resolve_device
 from gspo.tiny import DEFAULT_CHARS, build_char_tokenizer, build_tiny_model
 
 
@@ -210,7 +203,7 @@ class _VocabTensorSizes(TorchDispatchMode):
 def test_logits_never_materialised_for_whole_batch(tok, monkeypatch):
     """No single op output, and nothing saved for backward, holds more than one chunk of
     [tokens × vocab] values (the naive reference breaks both, so the test can fail)."""
-    monkeypatch.setattr(gspo.models, "_UNCHECKPOINTED_LOGITS_BYTES", 0)  # as for a real vocabulary
+    monkeypatch.setattr(gspo.logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", 0)  # as for a real vocabulary
     # hidden_size 32 so no activation width coincides with the vocabulary size (51).
     m = build_tiny_model(tok, hidden_size=32, intermediate_size=64)
     v, chunk = len(tok), 8
@@ -365,7 +358,7 @@ def test_small_logits_skip_recompute_with_equal_values_and_gradients(tok, monkey
     ids, mask = _batch(len(tok), seed=3)
     results = []
     for limit in (0, 1 << 30):
-        monkeypatch.setattr(gspo.models, "_UNCHECKPOINTED_LOGITS_BYTES", limit)
+        monkeypatch.setattr(gspo.logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", limit)
         m = build_tiny_model(tok, seed=4)
         out = token_logprobs(m, ids, mask, 5, chunk_size=7)
         out.sum().backward()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from archs import NAMES, build_arch
 
-from gspo.models import naive_token_logprobs, token_logprobs
+from gspo.logprobs import naive_token_logprobs, token_logprobs
 from gspo.rollout import Generator, HFGenerator, Rollout
 from gspo.tiny import build_char_tokenizer, build_tiny_model
 

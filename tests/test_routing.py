@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gspo.config import ConfigError, load_config
-from gspo.models import LogprobModule
+from gspo.logprobs import LogprobModule
 from gspo.routing import RouteTracker, find_routers
 from gspo.tiny import build_char_tokenizer, build_tiny_model
 from gspo.train import train

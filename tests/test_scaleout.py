@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from gspo.config import ConfigError, load_config, validate_world
 from gspo.distributed import Dist
-from gspo.models import LogprobModule
+from gspo.logprobs import LogprobModule
 from gspo.tiny import build_char_tokenizer, build_tiny_model
 from gspo.train import minibatches, train
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from archs import NAMES, build_arch
 
-import gspo.models
-from gspo.models import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
+import gspo.logprobs
+from gspo.logprobs import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
 from gspo.rollout import decode
 from gspo.tiny import build_char_tokenizer, build_tiny_model
 
@@ -48,7 +48,7 @@ def _grouped_batch(vocab, k=3, G=4, p=9, t=6, seed=0):
 def _body_calls(model):
     """Record the input shape of every decoder-body call."""
     calls = []
-    body = gspo.models._decoder_body(model)
+    body = gspo.logprobs._decoder_body(model)
     handle = body.register_forward_pre_hook(lambda m, a, kw: calls.append(tuple(kw.get("input_ids", a[0] if a else None).shape)),
                                             with_kwargs=True)
     return calls, handle
@@ -91,18 +91,18 @@ def test_the_check_fails_when_rows_see_the_wrong_prompt(tok):
     model = _model("qwen3", tok)
     ids, mask = _grouped_batch(len(tok))
     ref = naive_token_logprobs(model, ids, mask, 6).detach()
-    real = gspo.models.prompt_groups
+    real = gspo.logprobs.prompt_groups
 
     def shifted(*a):
         first, inverse = real(*a)
         return first, (inverse + 1) % len(first)
 
-    gspo.models.prompt_groups = shifted
+    gspo.logprobs.prompt_groups = shifted
     try:
         with torch.no_grad():
             wrong = token_logprobs(model, ids, mask, 6, share_prompt=True)
     finally:
-        gspo.models.prompt_groups = real
+        gspo.logprobs.prompt_groups = real
     assert (wrong - ref).abs().max() > 1e-2
 
 
@@ -195,7 +195,7 @@ def test_decode_prefills_each_prompt_once(tok, monkeypatch):
     try:
         shared = run()
         prefill = calls[0]
-        monkeypatch.setattr(gspo.models, "prompt_groups",
+        monkeypatch.setattr(gspo.logprobs, "prompt_groups",
                             lambda i, m, p: (torch.arange(len(i)), torch.arange(len(i))))
         calls.clear()
         every = run()

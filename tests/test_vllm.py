@@ -287,7 +287,7 @@ def _engine_roundtrip(tmp_path: Path, *, device: str, dtype: str, tol: float, re
     """Sampler log-probs match the trainer's before and after a weight change + sync."""
     import time
 
-    from gspo.models import LogprobModule
+    from gspo.logprobs import LogprobModule
     from gspo.vllm_backend import VLLMGenerator
 
     tok = build_char_tokenizer()

@@ -4,7 +4,7 @@
 KV-cache decode loop (`decode`: head on the last position only, finished rows leave the batch,
 inverse-CDF sampling) or with transformers' ``generate`` (``engine="hf"``). Next to the tokens it
 records the sampler's log-probabilities of the temperature-scaled, UNFILTERED distribution,
-log_softmax(raw_logits / T), which is what the trainer's `gspo.models.token_logprobs` computes
+log_softmax(raw_logits / T), which is what the trainer's `gspo.logprobs.token_logprobs` computes
 for π_old: top-p / top-k only decide which tokens can be drawn, they do not redefine π
 (GSPO.md, "Pitfalls").
 """
@@ -294,7 +294,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     """
     from transformers import DynamicCache
 
-    from gspo.models import position_ids_from_mask, prompt_groups
+    from gspo.logprobs import prompt_groups
+    from gspo.models import position_ids_from_mask
 
     n, device = ids.shape[0], ids.device
     eos = torch.tensor(list(eos_token_ids), device=device)

@@ -23,7 +23,8 @@ from gspo import distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
 from gspo.distributed import Dist
-from gspo.models import LogprobModule, load_policy, resolve_device, use_cpu_gqa_attention
+from gspo.models import load_policy, resolve_device, use_cpu_gqa_attention
+from gspo.logprobs import LogprobModule
 from gspo.rewards import RewardRunner, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
 from gspo.routing import RouteTracker, find_routers

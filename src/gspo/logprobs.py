@@ -1,0 +1,360 @@
+"""Per-token log-probabilities of a policy, without full-vocabulary fp32 logits.
+
+`token_logprobs` is the trainer's path to log π(y_t | x, y_<t): it runs the decoder body once
+(or each distinct prompt once, then the completions on its KV cache: `share_prompt`), keeps
+only the hidden states that predict completion tokens, and applies the LM head, the temperature
+and the log-softmax a chunk of tokens at a time under activation checkpointing, so the
+[tokens × vocab] fp32 logits never exist for the whole batch (neither in the forward pass nor
+saved for backward). `naive_token_logprobs` is the plain `model(...).logits` reference, and
+`LogprobModule` the module that distributed wrappers wrap.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from gspo.models import _unwrap, position_ids_from_mask
+
+# ----------------------------------------------------------------------------- LM head pieces
+
+
+def _text_config(model):
+    cfg = model.config
+    get = getattr(cfg, "get_text_config", None)
+    return get() if callable(get) else cfg
+
+
+def _logit_transform(model):
+    """(scale, softcap) applied to the head's output by some architectures' forward."""
+    cfg = _text_config(_unwrap(model))
+    scale = 1.0
+    if getattr(cfg, "logit_scale", None) is not None:  # Cohere: logits * logit_scale
+        scale *= float(cfg.logit_scale)
+    if getattr(cfg, "logits_scaling", None) is not None:  # Granite: logits / logits_scaling
+        scale /= float(cfg.logits_scaling)
+    softcap = getattr(cfg, "final_logit_softcapping", None)  # Gemma 2/3
+    return scale, (float(softcap) if softcap else None)
+
+
+def _final_hidden(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    """Final (post-norm) hidden states (N, L, H), without computing any logits when the
+    decoder body can be found; otherwise through ``output_hidden_states``."""
+    body = _decoder_body(model)
+    if body is not None:
+        out = body(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        return out.last_hidden_state
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        output_hidden_states=True,
+    )
+    return out.hidden_states[-1]
+
+
+def _decoder_body(model):
+    base = _unwrap(model)
+    body = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
+    return body if body is not None and body is not base else None
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
+    """Rows with the same (left-padded) prompt: (first row of each distinct prompt (k,),
+    each row's prompt index (N,)); prompts are compared over their real tokens and padding."""
+    prompt = torch.where(attention_mask[:, :prompt_len].bool(), input_ids[:, :prompt_len], -1)  # (N, P)
+    _, inverse = torch.unique(prompt, dim=0, return_inverse=True)  # (N,)
+    k = int(inverse.max()) + 1
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((k,), len(inverse), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
+    return first, inverse
+
+
+def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int):
+    """How `token_logprobs(share_prompt=True)` runs a (N, P+T) call: (first row of each distinct
+    prompt (k,), each row's prompt index (N,), leading columns padded in every distinct prompt),
+    or None when the prompts it would not run again are under 1/8 of the call's tokens (then a
+    second decoder call costs more than it saves)."""
+    p = input_ids.shape[1] - completion_len
+    first, inverse = prompt_groups(input_ids, attention_mask, p)
+    mask_u = attention_mask[first, :p]  # (k, P)
+    saved = int(attention_mask[:, :p].sum()) - int(mask_u.sum())  # prompt tokens not run again
+    if saved * 8 < int(attention_mask.sum()):
+        return None
+    return first, inverse, int(mask_u.any(dim=0).long().argmax())
+
+
+def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, agree=None):
+    """Final hidden states at the positions predicting y_1..y_T, (N, T, H), with each distinct
+    prompt run once: the decoder body runs on the k distinct prompts with a KV cache, the
+    cache is expanded to the N rows (the gradient of every row flows back into its prompt's
+    keys and values), and the completions run on top of it. The same numbers as one forward
+    over [prompt | completion] (causal attention: a prompt position never sees the
+    completion). None when it would not pay (`prompt_share_plan`) or the model's cache does not
+    allow it (gradient checkpointing, recurrent layers). `agree(local decision) -> decision`
+    makes the decision common to processes whose decoder calls are collectives (FSDP2): then
+    every process makes the same two calls, or one."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    length = input_ids.shape[1]
+    p = length - t
+    body = _decoder_body(model)
+    if body is None or getattr(_unwrap(model), "is_gradient_checkpointing", False):
+        return None  # (checkpointed layers drop the cache)
+    cache = DynamicCache(config=_text_config(_unwrap(model)))
+    if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
+        return None  # attention key/value caches only (full or sliding), not recurrent states
+    plan = prompt_share_plan(input_ids, attention_mask, t)
+    if agree is not None and not agree(plan is not None and t > 1):  # (t = 1 would be one call)
+        return None
+    if plan is None:
+        return None
+    first, inverse, cut = plan
+    out = body(input_ids=input_ids[first, cut:p], attention_mask=attention_mask[first, cut:p],
+               position_ids=position_ids[first, cut:p], past_key_values=cache, use_cache=True)
+    last = out.last_hidden_state[:, -1:]  # (k, 1, H): predicts y_1
+    if t == 1:
+        return last[inverse]
+    cache.batch_select_indices(inverse)  # (k, ...) -> (N, ...)
+    out = body(input_ids=input_ids[:, p : length - 1], attention_mask=attention_mask[:, cut : length - 1],
+               position_ids=position_ids[:, p : length - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([last[inverse], out.last_hidden_state], dim=1)  # (N, T, H)
+
+
+def _transform(logits, scale, softcap):
+    if scale != 1.0:
+        logits = logits * scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def _chunk_logp(head, hidden, targets, temperature, scale, softcap):
+    """log_softmax(head(hidden) / T)[targets] for one chunk: (n, H), (n,) → (n,) float32.
+
+    The matmul runs in the model's dtype (as in the model's own forward); the logits are then
+    upcast to fp32 for the temperature, the log-sum-exp and the gather.
+    """
+    logits = _transform(head(hidden).float(), scale, softcap)  # (n, V)
+    if temperature != 1.0:  # (a division by 1 is a full pass over the logits for nothing)
+        logits = logits / temperature
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+_HEAD_OK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _head_matches_forward(model, head, scale, softcap, input_ids, attention_mask) -> bool:
+    """Once per model: does head(final hidden) reproduce ``model(...).logits``? Guards against
+    architectures whose forward transforms the logits in a way `_logit_transform` misses."""
+    key = _unwrap(model)
+    if key in _HEAD_OK:
+        return _HEAD_OK[key]
+    row = int(attention_mask.sum(dim=1).argmax())  # up to 16 real tokens of the longest row
+    ids = input_ids[row][attention_mask[row].bool()][-16:].unsqueeze(0)  # (1, ≤16)
+    mask = torch.ones_like(ids)
+    pos = position_ids_from_mask(mask)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        ref = ref.logits.float()
+        ours = _transform(head(_final_hidden(model, ids, mask, pos)).float(), scale, softcap)
+        tol = (1e-4 if ref.dtype == torch.float32 else 1e-2) * max(1.0, ref.abs().max().item())
+        ok = ours.shape == ref.shape and (ours - ref).abs().max().item() <= tol
+    if not ok:
+        warnings.warn(
+            f"{type(key).__name__}: the LM head applied to the final hidden states does not "
+            "reproduce model(...).logits; falling back to full-logit log-probs (more memory)",
+            stacklevel=3,
+        )
+    _HEAD_OK[key] = ok
+    return ok
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def _check_inputs(input_ids, attention_mask, completion_len, temperature):
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask "
+            f"{tuple(attention_mask.shape)} must both be (N, P+T)"
+        )
+    if not 0 <= completion_len < input_ids.shape[1]:
+        raise ValueError(
+            f"completion_len={completion_len} needs at least one prompt column before it "
+            f"(sequence length {input_ids.shape[1]})"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_len: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+    share_prompt: bool = False,
+    agree=None,
+) -> torch.Tensor:
+    """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
+
+    `input_ids` is ``[left-padded prompt | right-padded completion]``, shape (N, P+T) with
+    ``T = completion_len``; `attention_mask` marks real tokens. Returns (N, T) float32 with
+    ``log_softmax(logits / temperature)`` over the full, unfiltered vocabulary (top-p/top-k
+    never enter: they belong to the sampler, not to π), and 0 where the mask is 0.
+
+    Memory: the decoder body runs once; only the hidden states of real completion positions
+    are kept, and the head + log-softmax run `chunk_size` tokens at a time under activation
+    checkpointing, so at most one chunk's [chunk × vocab] fp32 logits exist at any moment, in
+    the forward pass and again (recomputed) in the backward pass. Works with and without grad.
+    Position ids restart at each row's first real token (left padding changes nothing).
+
+    ``share_prompt``: rows with the same prompt (a group's G completions) run it once: the
+    distinct prompts go through the decoder with a KV cache, and every row's completion runs on
+    top of its prompt's keys and values. The same numbers (to float rounding) and gradients,
+    with the prompt's work done once instead of G times; used when it saves at least 1/8 of
+    the call's tokens (`prompt_share_plan`) and the model's cache allows it. Under FSDP2 pass
+    `agree` (see `_shared_prompt_hidden`) so that all processes decide alike.
+    """
+    _check_inputs(input_ids, attention_mask, completion_len, temperature)
+    n, length = input_ids.shape
+    t = completion_len
+    out = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T)
+    if t == 0:
+        return out
+    base = _unwrap(model)
+    head = base.get_output_embeddings()
+    scale, softcap = _logit_transform(model)
+    if head is None or not _head_matches_forward(
+        model, head, scale, softcap, input_ids, attention_mask
+    ):
+        return naive_token_logprobs(
+            model, input_ids, attention_mask, completion_len, temperature=temperature
+        )
+
+    position_ids = position_ids_from_mask(attention_mask)  # (N, L)
+    hidden = None
+    if share_prompt:
+        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, agree)
+    if hidden is None:
+        hidden = _final_hidden(model, input_ids, attention_mask, position_ids)  # (N, L, H)
+        hidden = hidden[:, length - t - 1 : length - 1]  # (N, T, H): positions predicting y_1..y_T
+    targets = input_ids[:, length - t :]  # (N, T)
+    valid = attention_mask[:, length - t :].bool()  # (N, T)
+    hidden, targets = hidden[valid], targets[valid]  # (M, H), (M,) real tokens only
+
+    if hidden.shape[0]:
+        lp = head_logprobs(head, hidden, targets, temperature=temperature, chunk_size=chunk_size,
+                           scale=scale, softcap=softcap)  # (M,)
+        out = out.masked_scatter(valid, lp)  # (N, T)
+    return out
+
+
+# Below this many bytes of fp32 logits for a whole call, the head runs without checkpointing
+# (its saved tensors are a few times this): recomputing it would only cost time.
+_UNCHECKPOINTED_LOGITS_BYTES = 16 << 20
+
+
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                  chunk_size: int = 512, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """log_softmax(head(hidden) / temperature)[targets] for M tokens, `chunk_size` at a time.
+
+    (M, H), (M,) -> (M,) float32. With grad, each chunk runs under activation checkpointing, so
+    only one chunk's [chunk x vocab] fp32 logits exist at a time, in the forward pass and again
+    (recomputed) in the backward pass; the full [M x vocab] logits are never materialised.
+    When all M x vocab fp32 logits fit in 16 MiB (small vocabularies), nothing is recomputed.
+    """
+    use_ckpt = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+    if use_ckpt and hidden.shape[0] * vocab * 4 <= _UNCHECKPOINTED_LOGITS_BYTES:
+        use_ckpt = False  # small logits (a small vocabulary): keeping them costs less than recomputing
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if use_ckpt:
+            lp = checkpoint(
+                _chunk_logp, head, h, y, temperature, scale, softcap,
+                use_reentrant=False, preserve_rng_state=False,
+            )
+        else:
+            lp = _chunk_logp(head, h, y, temperature, scale, softcap)
+        pieces.append(lp)
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def naive_token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_len: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> torch.Tensor:
+    """Reference for `token_logprobs`: the full ``model(...).logits`` (N, L, V), upcast to fp32,
+    divided by the temperature, log-softmaxed and gathered. Same inputs, same output; `chunk_size`
+    is accepted for signature compatibility and ignored."""
+    del chunk_size
+    _check_inputs(input_ids, attention_mask, completion_len, temperature)
+    length, t = input_ids.shape[1], completion_len
+    if t == 0:
+        return torch.zeros(input_ids.shape[0], 0, dtype=torch.float32, device=input_ids.device)
+    position_ids = position_ids_from_mask(attention_mask)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).logits  # (N, L, V), model dtype
+    logits = logits[:, length - t - 1 : length - 1].float() / temperature  # (N, T, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    targets = input_ids[:, length - t :]  # (N, T)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return torch.where(attention_mask[:, length - t :].bool(), picked, 0.0)
+
+
+class LogprobModule(torch.nn.Module):
+    """The trainer's forward as one module: completion-token log-probs of `policy`.
+
+    Distributed wrappers (FSDP2's ``fully_shard``, DDP) hook a module's ``forward``; wrapping
+    this module, rather than the Hugging Face model, lets `token_logprobs` run the decoder body
+    and the chunked LM head directly while the wrapper still gathers and reduces the root's
+    parameters (embeddings, final norm, head). ``autocast_dtype`` runs the forward under
+    ``torch.autocast`` (bf16 compute over fp32 weights on one device or under DDP).
+    ``share_prompt`` runs each distinct prompt of a call once (see `token_logprobs`; ``agree``
+    makes that decision common to all processes, for FSDP2).
+    """
+
+    def __init__(self, policy, *, temperature: float = 1.0, chunk_size: int = 512,
+                 autocast_dtype: torch.dtype | None = None, share_prompt: bool = False, agree=None):
+        super().__init__()
+        self.share_prompt = bool(share_prompt)
+        self.agree = agree
+        self.policy = policy
+        self.temperature = float(temperature)
+        self.chunk_size = int(chunk_size)
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int) -> torch.Tensor:
+        """(N, P+T) ids and mask → (N, T) float32 log-probs of the last `completion_len` tokens."""
+        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
+            return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
+                                  temperature=self.temperature, chunk_size=self.chunk_size,
+                                  share_prompt=self.share_prompt, agree=self.agree)
