@@ -357,6 +357,14 @@ def _train_run(tmp_path: Path, *extra: str, nproc: int = 1) -> list[dict]:
     return recs
 
 
+def _gaps(recs: list[dict]) -> list[float]:
+    """The logged engine-trainer gaps; null for a rollout whose rows all had advantage 0 (no
+    pi_old pass ran for them: schedule.skip_zero_advantage). At least half must be measured."""
+    gaps = [r["mismatch/token_abs_max"] for r in recs[1:] if r["mismatch/token_abs_max"] is not None]
+    assert len(gaps) * 2 >= len(recs) - 1, recs
+    return gaps
+
+
 @pytest.mark.vllm_cpu
 @pytest.mark.skipif(os.environ.get("GSPO_TEST_VLLM_CPU") != "1", reason="opt-in: bench/vllm_cpu.sh")
 def test_vllm_cpu_logprobs_match_the_trainer_before_and_after_sync(tmp_path):
@@ -371,8 +379,7 @@ def test_vllm_cpu_train_run(tmp_path):
     if _vllm_platform() != "cpu":
         pytest.skip("needs the CPU build of vLLM (vllm-cpu)")
     recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25")
-    gaps = [r["mismatch/token_abs_max"] for r in recs[1:]]
-    assert max(gaps) < FP32_TOL  # fp32 engine vs fp32 trainer, weights synced every rollout
+    assert max(_gaps(recs)) < FP32_TOL  # fp32 engine vs fp32 trainer, weights synced every rollout
 
 
 @pytest.mark.vllm_cpu
@@ -385,7 +392,7 @@ def test_vllm_cpu_lora_train_run_with_top_p(tmp_path):
     pytest.importorskip("peft")
     recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25", "lora.enabled=true", "lora.r=4", "optim.lr=3e-2",
                       "rollout.temperature=1.0", "rollout.top_p=0.8")
-    assert max(r["mismatch/token_abs_max"] for r in recs[1:]) < FP32_TOL  # ... and the engine followed
+    assert max(_gaps(recs)) < FP32_TOL  # ... and the engine followed
 
 
 @pytest.mark.vllm_cpu
@@ -397,7 +404,7 @@ def test_vllm_cpu_torchrun_fsdp_train_run(tmp_path):
         pytest.skip("needs the CPU build of vLLM (vllm-cpu)")
     recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25", "rollout.batch_size=4", "distributed.strategy=fsdp",
                       nproc=2)
-    assert max(r["mismatch/token_abs_max"] for r in recs[1:]) < FP32_TOL
+    assert max(_gaps(recs)) < FP32_TOL
 
 
 @pytest.mark.gpu
