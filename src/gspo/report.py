@@ -154,6 +154,8 @@ PANELS: tuple[Panel, ...] = (
     Panel("mismatch", "Sampler vs trainer log-prob mismatch",
           (("mismatch/token_abs_mean", "token |Δ| mean"), ("mismatch/seq_abs_mean", "seq |Δ| mean"),
            ("mismatch/kl", "KL")), auto_log=True),
+    Panel("signal", "Groups / rows without signal (advantage 0)",
+          (("adv/frac_zero_std", "groups, equal rewards"), ("rows/skipped_frac", "rows skipped in the update"))),
     Panel("completion_len", "Completion length (mean tokens)", (("completion/len_mean", "mean"),)),
     Panel("truncated", "Truncated completion fraction", (("completion/truncated_frac", "truncated"),)),
     Panel("kl", "Approx. KL to old policy", (("kl/approx", "kl"),), auto_log=True),
