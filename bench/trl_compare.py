@@ -28,9 +28,12 @@ gradient checkpointing, no evaluation, no intermediate checkpoints.
        steps_per_generation (4), TRL runs its no-grad pi_old pass (old_per_token_logps). bf16 and
        gradient checkpointing (TRL's defaults) are off, router_aux_loss_coef=0 (gspo has no MoE
        aux loss), logging_strategy="no", report_to="none", save_strategy="no", use_cpu=True.
-  gspo: its defaults (rollout.old_logp=auto: on a dense fp32 model the sampler's log-probs are
-       pi_old and there is no pi_old pass; a MoE model keeps the pass, which records routes;
-       --gspo-set rollout.old_logp=trainer forces the pass), algo.level=sequence,
+  gspo: its defaults (minibatches of whole groups, schedule.minibatch_by=group, where TRL
+       shuffles rows: the same rows and tokens per step; each group's prompt runs once per
+       trainer call, model.share_prompt; rows with advantage 0 skipped, which the checksum
+       reward makes rare; rollout.old_logp=auto: on a dense fp32 model the sampler's log-probs
+       are pi_old and there is no pi_old pass; a MoE model keeps the pass, which records
+       routes; --gspo-set rollout.old_logp=trainer forces the pass), algo.level=sequence,
        schedule.num_minibatches=4, eval off,
        console/completions/table logging off, checkpoint.every=0 (it still writes metrics.jsonl
        every step and a checkpoint + final/ after the last rollout: those come after the timed
