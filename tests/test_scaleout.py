@@ -64,6 +64,20 @@ def test_minibatches_by_group_keep_groups_together_in_random_order():
     assert any(len(set((mb // G).tolist())) > n // G // M for mb in row)  # row mode mixes groups
 
 
+@pytest.mark.parametrize("G,chunk,n,M", [(3, 4, 12, 2), (4, 8, 16, 4), (5, 10, 20, 2), (8, 16, 32, 4)])
+def test_minibatches_by_group_with_chunks_that_split_groups(G, chunk, n, M):
+    """Groups that straddle sampling chunks, or that are larger than a minibatch's share of a
+    chunk: every row once per rollout, and within each chunk's share of a minibatch a group's
+    rows are consecutive (each group appears as one run)."""
+    plan = minibatches(_ctx(1, 0, chunk, M=M, by="group", G=G), 0, n)
+    assert sorted(torch.cat(plan).tolist()) == list(range(n))
+    for mb in plan:
+        for piece in mb.split(chunk // M):  # one chunk's share
+            groups = (piece // G).tolist()
+            runs = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
+            assert len(runs) == len(set(runs)), groups
+
+
 def test_logprob_module_bf16_autocast_close_to_fp32():
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, seed=0)
