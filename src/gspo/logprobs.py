@@ -87,10 +87,11 @@ def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, com
     p = input_ids.shape[1] - completion_len
     first, inverse = prompt_groups(input_ids, attention_mask, p)
     mask_u = attention_mask[first, :p]  # (k, P)
-    saved = int(attention_mask[:, :p].sum()) - int(mask_u.sum())  # prompt tokens not run again
-    if saved * 8 < int(attention_mask.sum()):
+    prompt_all, prompt_once, total, cut = torch.stack([  # one device sync for the four numbers
+        attention_mask[:, :p].sum(), mask_u.sum(), attention_mask.sum(), mask_u.any(dim=0).long().argmax()]).tolist()
+    if (prompt_all - prompt_once) * 8 < total:  # the prompt tokens not run again
         return None
-    return first, inverse, int(mask_u.any(dim=0).long().argmax())
+    return first, inverse, cut
 
 
 def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, agree=None):
@@ -116,7 +117,7 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
         return None  # attention key/value caches only (full or sliding), not recurrent states
     plan = prompt_share_plan(input_ids, attention_mask, t)
     if agree is not None and not agree(plan is not None and t > 1):  # (t = 1 would be one call)
-        return None
+        plan = None
     if plan is None:
         return None
     first, inverse, cut = plan

@@ -243,6 +243,8 @@ def _add_metrics(sums: dict, m: dict, n_tok: int, n_rows: int) -> None:
     tokens, per-sequence means times its rows, min / max combined. A placeholder (n_rows 0)
     only makes the keys exist, as NaN, which the reduction over ranks leaves out."""
     for k, v in m.items():
+        if k == "loss":  # (the weighted loss is summed by the caller)
+            continue
         have = sums.get(k, math.nan) == sums.get(k, math.nan)  # (NaN: nothing counted yet)
         if not n_rows:
             sums.setdefault(k, math.nan)
