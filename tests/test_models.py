@@ -146,6 +146,34 @@ def test_chunked_equals_naive_in_value_and_gradient(request, tok, chunk_size, ar
     model.zero_grad()
 
 
+
+@pytest.mark.parametrize("dtype,factor", [(torch.float32, 1.0), (torch.float32, 1 / 0.7), (torch.bfloat16, 2.5)])
+def test_picked_log_softmax_backward_equals_autograd(dtype, factor):
+    """The written-out backward of log_softmax(factor·z)[y] equals autograd's, for fp32 and
+    bf16 logits, with a temperature/scale factor, repeated targets and a zero upstream gradient."""
+    from gspo.logprobs import _PickedLogSoftmax
+
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(9, 37, generator=g) * 4).to(dtype)
+    y = torch.tensor([0, 36, 5, 5, 5, 17, 0, 30, 12])
+    up = torch.randn(9, generator=g)
+    up[3] = 0.0
+    a = z.clone().requires_grad_()
+    got = _PickedLogSoftmax.apply(a, y, factor)
+    (got * up).sum().backward()
+    b = z.clone().requires_grad_()
+    ref = torch.log_softmax(b.float() * factor, -1).gather(-1, y[:, None]).squeeze(-1)
+    (ref * up).sum().backward()
+    assert got.dtype == torch.float32 and a.grad.dtype == dtype
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)  # |log-probs| up to ~50
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=tol)
+    assert (a.grad[3] == 0).all()
+    again = _PickedLogSoftmax.apply(z.clone().requires_grad_(), y, factor).sum()
+    again.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):  # its saved exponentials are spent
+        again.backward()
+
 def test_no_grad_pass(model, tok):
     ids, mask = _batch(len(tok))
     with torch.no_grad():

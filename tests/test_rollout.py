@@ -282,6 +282,59 @@ def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
 
 
 
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (40, 1.0), (0, 0.9)])
+def test_sample_tokens_over_several_cdf_blocks(top_k, top_p):
+    """A 150-token vocabulary spans two full blocks of the two-level inverse CDF and a remainder:
+    frequencies match the filtered softmax, tokens of weight 0 (logit -inf, some at block
+    edges) are never drawn, and large logits (~300) neither underflow nor overflow."""
+    from gspo.rollout import _CDF_BLOCK, sample_tokens
+
+    vocab = 150
+    assert 2 * _CDF_BLOCK < vocab < 3 * _CDF_BLOCK
+    g = torch.Generator().manual_seed(3)
+    logits = 300.0 + torch.randn(vocab, generator=g) * 1.5
+    dead = torch.tensor([0, 63, 64, 127, 128, 149, 70, 100])  # block edges and the last token
+    logits[dead] = float("-inf")
+    p = torch.softmax(logits, -1)
+    want = p.clone()
+    if top_k:
+        want[torch.argsort(p, descending=True)[top_k:]] = 0
+    if top_p < 1:
+        srt, order = torch.sort(want, descending=True)
+        cum_before = (srt / srt.sum()).cumsum(0) - srt / srt.sum()
+        want[order[cum_before >= top_p]] = 0
+    want = want / want.sum()
+    torch.manual_seed(0)
+    n = 60_000
+    tokens, lp = sample_tokens(logits.expand(n, -1), 1.0, top_k, top_p)
+    freq = torch.bincount(tokens, minlength=vocab).double() / n
+    assert (freq[want == 0] == 0).all()
+    assert (freq[dead] == 0).all()
+    assert (freq - want).abs().sum() / 2 < 0.03  # total variation (sampling noise ~0.015)
+    torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[tokens], rtol=0, atol=2e-5)
+
+
+def test_inverse_cdf_picks_the_token_under_the_uniform():
+    """The two-level draw returns the token whose cumulative-weight interval holds u·total, in
+    the first block, a middle block and the remainder block (checked against a one-level
+    float64 inverse CDF with the same uniforms)."""
+    from gspo.rollout import _inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(500, 150, generator=g) ** 4  # (rows, V): uneven weights
+    w[:, ::7] = 0.0
+    torch.manual_seed(5)
+    got, total = _inverse_cdf(w)
+    torch.manual_seed(5)
+    cdf = w.double().cumsum(-1)
+    u = torch.rand(500, 1, dtype=torch.float64) * cdf[:, -1:]
+    want = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    torch.testing.assert_close(total, cdf[:, -1], rtol=1e-6, atol=0)
+    assert (got == want).float().mean() > 0.99  # equal up to float32 block-sum rounding at edges
+    assert set((want // 64).tolist()) == {0, 1, 2}
+    assert (w.gather(1, got[:, None]) > 0).all()
+
+
 @pytest.mark.parametrize("arch", NAMES)
 def test_decode_on_other_architectures(tok, arch):
     """gspo's decode loop (KV cache, last-position head, rows leaving the batch at EOS) on other

@@ -140,12 +140,52 @@ def _transform(logits, scale, softcap):
     return logits
 
 
+class _PickedLogSoftmax(torch.autograd.Function):
+    """log_softmax(factor · logits)[targets], (n, V), (n,) -> (n,) float32, with the backward
+    written out: d/dz = g · (onehot(target) − softmax(z)).
+
+    The forward keeps exp(z − max) and its row sums, which the log-sum-exp computes anyway, so
+    the backward is one in-place pass over them plus a scatter; autograd's logsumexp + gather
+    backward recomputes the exponentials and allocates four (n, V) temporaries (zeros, exp,
+    their product, the sum of the two gradients). The saved exponentials are consumed by the
+    backward, so it runs once (no ``retain_graph``; a second call raises).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, factor: float):
+        z = logits.float()
+        if factor != 1.0:
+            z = z * factor
+        top = z.amax(dim=-1, keepdim=True)  # (n, 1)
+        picked = z.gather(-1, targets.unsqueeze(-1)) - top  # (n, 1)
+        e = (z - top).exp_()  # (n, V) in (0, 1]
+        total = e.sum(dim=-1, keepdim=True)  # (n, 1) >= 1
+        ctx.save_for_backward(e, total, targets)
+        ctx.factor, ctx.dtype, ctx.spent = factor, logits.dtype, False
+        return (picked - total.log()).squeeze(-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        if ctx.spent:
+            raise RuntimeError("_PickedLogSoftmax: backward ran twice (retain_graph is not supported)")
+        ctx.spent = True
+        e, total, targets = ctx.saved_tensors
+        g = grad_out.float().unsqueeze(-1) * ctx.factor  # (n, 1)
+        grad = e.mul_(-g / total)  # −g · softmax(z), in place over the saved exponentials
+        grad.scatter_add_(-1, targets.unsqueeze(-1), g)  # + g at the target
+        return grad.to(ctx.dtype), None, None
+
+
 def _chunk_logp(head, hidden, targets, temperature, scale, softcap):
     """log_softmax(head(hidden) / T)[targets] for one chunk: (n, H), (n,) → (n,) float32.
 
     The matmul runs in the model's dtype (as in the model's own forward); the logits are then
-    upcast to fp32 for the temperature, the log-sum-exp and the gather.
+    upcast to fp32 for the temperature, the log-sum-exp and the gather (`_PickedLogSoftmax`;
+    a soft-capped head goes through autograd).
     """
+    if softcap is None:
+        return _PickedLogSoftmax.apply(head(hidden), targets, scale / temperature)
     logits = _transform(head(hidden).float(), scale, softcap)  # (n, V)
     if temperature != 1.0:  # (a division by 1 is a full pass over the logits for nothing)
         logits = logits / temperature
