@@ -131,8 +131,8 @@ def call_flops(d: dict, ids, mask, t: int, mc: int, train: bool, share: bool = T
 
     b, L = ids.shape
     plan = prompt_share_plan(ids, mask, t) if share else None
-    if plan is None:
-        return train_flops(d, b, L, mc) if train else forward_flops(d, b, L, mc)
+    if plan is None:  # one forward over every column but the last (it predicts nothing)
+        return train_flops(d, b, L - 1, mc) if train else forward_flops(d, b, L - 1, mc)
     first, _, cut = plan
     return shared_flops(d, len(first), L - t - cut, b, t, mc, train)
 

@@ -89,12 +89,13 @@ WORKLOADS: dict[str, dict] = {
 }
 # The same shapes with ~128-token prompts: a fixed 122-token instruction before each arithmetic
 # question, as a chat template or a task description puts before real RL prompts.
-for _name in ("tiny-dense", "compute-dense"):
+for _name in ("tiny-dense", "tiny-moe", "compute-dense"):
     WORKLOADS[f"{_name}-p128"] = dict(WORKLOADS[_name], prefix=122)
-DEFAULT_WORKLOADS = ["tiny-dense", "tiny-moe", "compute-dense", "tiny-dense-p128", "compute-dense-p128"]
+DEFAULT_WORKLOADS = ["tiny-dense", "tiny-moe", "compute-dense", "tiny-dense-p128", "tiny-moe-p128", "compute-dense-p128"]
 # per workload: (warm-up rollouts, timed rollouts, rounds) for the full run
 SCHEDULE = {"tiny-dense": (2, 4, 3), "tiny-moe": (2, 4, 3), "compute-dense": (1, 2, 3), "compute-moe": (1, 2, 3),
-            "tiny-dense-p128": (2, 4, 3), "compute-dense-p128": (1, 2, 3)}
+            "tiny-dense-p128": (2, 4, 3), "tiny-moe-p128": (2, 4, 3),
+            "compute-dense-p128": (1, 2, 3)}
 QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
 M = 4  # optimizer steps (minibatches) per rollout
 LR = 1e-5

@@ -119,6 +119,20 @@ def test_ddp_with_token_mean_matches_one_process(tmp_path):
     assert max_diff(load_file(ck / "step-2" / "model.safetensors"), load_file(ck / "step-4" / "model.safetensors")) > 1e-4
 
 
+
+def test_moe_with_route_tracking_under_fsdp_matches_one_process(tmp_path):
+    """A MoE model: the π_old pass records routes through shared-prompt forwards (every rank
+    agreeing on sharing), rows with advantage 0 are skipped, and routing/changed_frac is
+    reduced over ranks: the 2-process run gives the 1-process parameters and metrics."""
+    extra = ("model.tiny_moe=true", "model.tiny_num_experts=4", "schedule.rollouts=2")
+    one = train(tmp_path, "one", *extra)
+    fsdp = train(tmp_path, "fsdp", *extra, nproc=2)
+    assert max_diff(final(one), final(fsdp)) <= TOL
+    assert_metrics_close(one, fsdp)
+    m = metrics(one)
+    assert all("routing/changed_frac" in r for r in m if r["step"] > 0)
+    assert any((r.get("routing/changed_frac") or 0) > 0 for r in m)  # off-policy steps moved routes
+
 def test_sharded_checkpoint_resumes_exactly(runs, tmp_path):
     """Killed after rollout 2 (both ranks), resumed with resume=auto on 2 ranks: the final
     parameters equal the uninterrupted 2-rank run's bitwise."""

@@ -4,6 +4,7 @@ mismatch monitor (issue 6)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -70,15 +71,16 @@ def test_changed_frac_zero_when_unchanged_and_positive_after_router_moves(moe):
         _pass(tracker, lp, ids, mask, "compare")
     m = tracker.take_metrics(per_layer=True)
     assert m["routing/changed_frac"] == 0.0 and m["routing/changed_frac/layer_1"] == 0.0
-    recorded = tracker.routes[mask.bool()]
-    assert (recorded >= 0).all() and (tracker.routes[0, :3] == -1).all()  # padding never recorded
+    real = mask.bool().clone()
+    real[:, -1] = False  # the last token predicts nothing: it is not run
+    assert (tracker.routes[real] >= 0).all() and (tracker.routes[~real] == -1).all()  # nor is padding
     with torch.no_grad():
         for r in find_routers(model):
             r.weight.add_(torch.randn_like(r.weight) * 5.0)
         _pass(tracker, lp, ids, mask, "compare")
     m = tracker.take_metrics()
     assert 0.0 < m["routing/changed_frac"] <= 1.0
-    assert tracker.take_metrics() == {}  # counters were reset
+    assert math.isnan(tracker.take_metrics()["routing/changed_frac"])  # counters were reset: nothing compared
 
 
 def test_replay_uses_pi_old_experts_and_router_still_gets_gradients(moe):
@@ -93,8 +95,9 @@ def test_replay_uses_pi_old_experts_and_router_still_gets_gradients(moe):
     used, h = _record_used(routers[0])
     out = _pass(tracker, lp, ids, mask, "compare", replay=True)
     h.remove()
-    real = mask.bool().reshape(-1)
-    assert torch.equal(used[0][real].long(), tracker.routes[:, :, 0][mask.bool()].long())
+    run = mask[:, :-1].bool()  # the tokens run: all but the last column
+    real = run.reshape(-1)
+    assert torch.equal(used[0][real].long(), tracker.routes[:, :-1, 0][run].long())
     assert tracker.take_metrics()["routing/changed_frac"] > 0  # the natural choice did change
     out.sum().backward()
     assert routers[0].weight.grad is not None and routers[0].weight.grad.abs().sum() > 0
@@ -115,6 +118,89 @@ def test_replay_with_unchanged_router_changes_nothing(moe):
         b = _pass(tracker, lp, ids, mask, "compare", replay=True)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)  # gate weights recomputed identically
 
+
+
+def _grouped(moe):
+    """Two prompts (one left-padded) × 3 completions each, so that a shared forward runs each
+    prompt once: (model, ids (6, 14), mask)."""
+    model, _, _ = moe
+    g = torch.Generator().manual_seed(2)
+    vocab = model.config.vocab_size
+    prompts = torch.randint(4, vocab, (2, 8), generator=g).repeat_interleave(3, 0)
+    ids = torch.cat([prompts, torch.randint(4, vocab, (6, 6), generator=g)], 1)
+    mask = torch.ones_like(ids)
+    mask[3:, :2] = 0  # the second prompt is 6 tokens, left-padded
+    mask[1, -2:] = 0  # a completion that ended early
+    return model, ids, mask
+
+
+def _grouped_pass(tracker, lp, ids, mask, mode, replay=False):
+    with tracker.forward(mode, torch.arange(ids.shape[0]), 0, mask, replay=replay):
+        return lp(ids, mask, 6)
+
+
+def test_shared_prompt_forward_records_and_compares_the_same_routes(moe):
+    """With model.share_prompt, each prompt runs once for its group: the routes recorded for
+    every row and the changed fraction equal those of the unshared forward."""
+    from gspo.logprobs import prompt_share_plan
+
+    model, ids, mask = _grouped(moe)
+    assert prompt_share_plan(ids, mask, 6) is not None  # the shared path does run
+    shared, plain = LogprobModule(model, share_prompt=True), LogprobModule(model, share_prompt=False)
+    calls = []
+    hook = find_routers(model)[0].register_forward_hook(lambda m, a, out: calls.append(out[2].shape[0]))
+    tracker = RouteTracker(model)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        _grouped_pass(tracker, lp=shared, ids=ids, mask=mask, mode="capture")
+    hook.remove()
+    assert calls[-2:] == [2 * 8, 6 * 5]  # the 2 prompts once (8 columns), then the completions
+    assert 6 * 13 not in calls  # (before them, only the one-off head check)
+    routes_shared = tracker.routes.clone()
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        _grouped_pass(tracker, lp=plain, ids=ids, mask=mask, mode="capture")
+    assert torch.equal(tracker.routes, routes_shared)  # the same record, every row's prompt included
+    real = mask.bool().clone()
+    real[:, -1] = False  # the last token is never fed
+    assert (routes_shared[real] >= 0).all() and (routes_shared[~real] == -1).all()
+    with torch.no_grad():
+        for r in find_routers(model):
+            r.weight.add_(torch.randn(r.weight.shape, generator=torch.Generator().manual_seed(3)) * 5.0)
+        _grouped_pass(tracker, lp=shared, ids=ids, mask=mask, mode="compare")
+        a = tracker.take_metrics(per_layer=True)
+        _grouped_pass(tracker, lp=plain, ids=ids, mask=mask, mode="compare")
+        b = tracker.take_metrics(per_layer=True)
+    assert a["routing/changed_frac"] > 0
+    assert a == pytest.approx(b, rel=1e-12)  # prompt tokens counted once per row, as unshared
+
+
+def test_replay_through_a_shared_prompt_forward_equals_unshared_replay(moe):
+    """Routing Replay on a shared forward: the prompt run once takes its group's π_old experts;
+    log-probs and every gradient equal the unshared replay."""
+    model, ids, mask = _grouped(moe)
+    tracker = RouteTracker(model)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        _grouped_pass(tracker, LogprobModule(model, share_prompt=True), ids, mask, "capture")
+        for r in find_routers(model):
+            r.weight.add_(torch.randn(r.weight.shape, generator=torch.Generator().manual_seed(4)) * 5.0)
+    results = []
+    for share in (True, False):
+        model.zero_grad()
+        out = _grouped_pass(tracker, LogprobModule(model, share_prompt=share), ids, mask, "compare", replay=True)
+        (out * torch.linspace(-1, 1, 6)).sum().backward()
+        results.append((out.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
+        tracker.take_metrics()
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert ga.keys() == gb.keys() and any("gate" in k or "router" in k for k in ga)
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], rtol=0, atol=1e-5, msg=k)
+    # without replay the moved routers would pick other experts: replay did act
+    with torch.no_grad():
+        natural = _grouped_pass(tracker, LogprobModule(model, share_prompt=True), ids, mask, "compare")
+    assert not torch.allclose(natural, a, atol=1e-4)
 
 TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=2", "model.tiny_moe=true", "data.num_prompts=8",
         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "schedule.rollouts=2",

@@ -140,7 +140,8 @@ def test_falls_back_or_skips_the_second_call(tok, case):
         model.gradient_checkpointing_disable()
         model.eval()
     torch.testing.assert_close(lp.detach(), ref, rtol=0, atol=1e-5)
-    assert calls == ([(3, 9)] if case == "one-token" else [tuple(ids.shape)])
+    one = (ids.shape[0], ids.shape[1] - 1)  # one forward: every column but the last (it predicts nothing)
+    assert calls == ([(3, 9)] if case == "one-token" else [one])
 
 
 def test_processes_agree_before_sharing(tok):
@@ -163,7 +164,7 @@ def test_processes_agree_before_sharing(tok):
     finally:
         handle.remove()
     assert asked == [True, True, False]  # t = 1: this process would make one call, the others two
-    assert calls == [tuple(ids.shape), (3, 9), (12, 5), (12, 10)]
+    assert calls == [(12, 14), (3, 9), (12, 5), (12, 9)]  # single forwards skip the last column
 
 
 def test_logprob_module_passes_it_on(tok):
@@ -176,7 +177,8 @@ def test_logprob_module_passes_it_on(tok):
             LogprobModule(model)(ids, mask, 6)
     finally:
         handle.remove()
-    assert calls == [(3, 9), (12, 5), tuple(ids.shape)]
+    assert calls == [(3, 9), (12, 5), (12, 14)]
+    assert ids.shape == (12, 15)
 
 
 def test_decode_prefills_each_prompt_once(tok, monkeypatch):
@@ -206,16 +208,19 @@ def test_decode_prefills_each_prompt_once(tok, monkeypatch):
     torch.testing.assert_close(shared[1], every[1], rtol=0, atol=1e-5)
 
 
-def test_trainer_shares_unless_routes_are_recorded(tmp_path):
+def test_trainer_shares_unless_told_not_to(tmp_path):
+    """On by default, MoE models that record routes included (the route record follows the split
+    forward: tests/test_routing.py)."""
     from gspo.config import load_config
     from gspo.setup import build_context
 
     base = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8",
             "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.enabled=false", "logging.console=false",
             f"output.dir={tmp_path}"]
-    for extra, expected in ([[], True], [["model.share_prompt=false"], False], [["model.tiny_moe=true"], False]):
+    for extra, expected in ([[], True], [["model.share_prompt=false"], False], [["model.tiny_moe=true"], True]):
         ctx = build_context(load_config(None, [*base, *extra, f"output.name=r{len(extra)}{expected}"]))
         try:
             assert ctx.trainer.share_prompt is expected, extra
+            assert (ctx.routes is not None) == ("model.tiny_moe=true" in extra)
         finally:
             ctx.close()

@@ -38,7 +38,7 @@ class ModelConfig:
     gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
     mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
     share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
-                             "(same numbers; not under gradient checkpointing or MoE route recording)")
+                             "(same numbers; not under gradient checkpointing)")
     logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
     tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
     tiny_num_layers: int = doc(3, "layers of the built-in tiny model")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from contextlib import contextmanager
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -94,6 +95,34 @@ def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, com
     return first, inverse, cut
 
 
+# Listeners told which tokens each decoder-body call of `token_logprobs` runs (MoE route
+# tracking, `gspo.routing.RouteTracker`): fn(rows, col_start, mask, fan_out) before each call
+# and fn(None, 0, None, None) after the last; see `announce_body_calls`.
+_BODY_CALL_LISTENERS: list = []
+
+
+@contextmanager
+def announce_body_calls(listener):
+    """While active, `listener(rows, col_start, mask, fan_out)` hears of every decoder-body call
+    `token_logprobs` makes (one over all columns but the last, which predicts nothing, or with
+    ``share_prompt`` one over each distinct prompt and one over the completions), in the input
+    coordinates: ``rows`` (k,) the input rows it runs (None: all), ``col_start`` the input
+    column of its first token, ``mask`` (k, l) its real tokens, ``fan_out`` (N,) the run row
+    standing for each input row (None: one-to-one); then ``listener(None, 0, None, None)``
+    once the forward is over. The full-logits fallback (`naive_token_logprobs`) announces
+    nothing: its one call covers the input as it is."""
+    _BODY_CALL_LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _BODY_CALL_LISTENERS.remove(listener)
+
+
+def _announce(rows, col_start, mask, fan_out) -> None:
+    for fn in _BODY_CALL_LISTENERS:
+        fn(rows, col_start, mask, fan_out)
+
+
 def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, agree=None):
     """Final hidden states at the positions predicting y_1..y_T, (N, T, H), with each distinct
     prompt run once: the decoder body runs on the k distinct prompts with a KV cache, the
@@ -121,14 +150,19 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
     if plan is None:
         return None
     first, inverse, cut = plan
-    out = body(input_ids=input_ids[first, cut:p], attention_mask=attention_mask[first, cut:p],
-               position_ids=position_ids[first, cut:p], past_key_values=cache, use_cache=True)
-    last = out.last_hidden_state[:, -1:]  # (k, 1, H): predicts y_1
-    if t == 1:
-        return last[inverse]
-    cache.batch_select_indices(inverse)  # (k, ...) -> (N, ...)
-    out = body(input_ids=input_ids[:, p : length - 1], attention_mask=attention_mask[:, cut : length - 1],
-               position_ids=position_ids[:, p : length - 1], past_key_values=cache, use_cache=True)
+    try:
+        _announce(first, cut, attention_mask[first, cut:p], inverse)
+        out = body(input_ids=input_ids[first, cut:p], attention_mask=attention_mask[first, cut:p],
+                   position_ids=position_ids[first, cut:p], past_key_values=cache, use_cache=True)
+        last = out.last_hidden_state[:, -1:]  # (k, 1, H): predicts y_1
+        if t == 1:
+            return last[inverse]
+        cache.batch_select_indices(inverse)  # (k, ...) -> (N, ...)
+        _announce(None, p, attention_mask[:, p : length - 1], None)
+        out = body(input_ids=input_ids[:, p : length - 1], attention_mask=attention_mask[:, cut : length - 1],
+                   position_ids=position_ids[:, p : length - 1], past_key_values=cache, use_cache=True)
+    finally:
+        _announce(None, 0, None, None)
     return torch.cat([last[inverse], out.last_hidden_state], dim=1)  # (N, T, H)
 
 
@@ -291,9 +325,13 @@ def token_logprobs(
     hidden = None
     if share_prompt:
         hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, agree)
-    if hidden is None:
-        hidden = _final_hidden(model, input_ids, attention_mask, position_ids)  # (N, L, H)
-        hidden = hidden[:, length - t - 1 : length - 1]  # (N, T, H): positions predicting y_1..y_T
+    if hidden is None:  # one call; the last token predicts nothing here, so it is not run
+        try:
+            _announce(None, 0, attention_mask[:, :-1], None)
+            hidden = _final_hidden(model, input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1])
+        finally:
+            _announce(None, 0, None, None)
+        hidden = hidden[:, length - t - 1 :]  # (N, T, H): positions predicting y_1..y_T
     targets = input_ids[:, length - t :]  # (N, T)
     valid = attention_mask[:, length - t :].bool()  # (N, T)
     hidden, targets = hidden[valid], targets[valid]  # (M, H), (M,) real tokens only

@@ -24,6 +24,7 @@ on the model's device, e.g. 256 sequences × 1,024 tokens × 48 layers × 8 = 20
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import torch
@@ -55,7 +56,8 @@ class RouteTracker:
         self.routes: torch.Tensor | None = None  # (N, L, layers, k) π_old's experts, -1 unknown
         self._mode = None  # None | "capture" | "compare"
         self._replay = False
-        self._slot = None  # (rows (b,), column offset, mask (b, l)) of the current forward
+        self._slot = None  # (rows (b,), column offset, mask (b, l), fan-out) of the current decoder call
+        self._whole = None  # the slot of the whole forward
         self._changed = torch.zeros(len(self.routers), dtype=torch.float64)
         self._total = torch.zeros(len(self.routers), dtype=torch.float64)
         self._checked: set[int] = set()
@@ -78,59 +80,87 @@ class RouteTracker:
     @contextmanager
     def forward(self, mode: str, rows: torch.Tensor, col_offset: int, mask: torch.Tensor, *, replay: bool = False):
         """Around one trainer forward of the rows `rows` (rollout indices), whose input column 0
-        is rollout column `col_offset`; `mask` (b, l) marks real tokens."""
+        is rollout column `col_offset`; `mask` (b, l) marks real tokens. A forward that
+        `gspo.logprobs` splits into a call over each distinct prompt and one over the completions
+        (``model.share_prompt``) announces its calls, and each is mapped back to these rows."""
+        from gspo.logprobs import announce_body_calls
+
         self._mode, self._replay = mode, replay
-        self._slot = (rows.to(mask.device), col_offset, mask.bool())
+        self._slot = (rows.to(mask.device), col_offset, mask.bool(), None)
+        self._whole = self._slot
         try:
-            yield
+            with announce_body_calls(self._on_body_call):
+                yield
         finally:
-            self._mode, self._slot, self._replay = None, None, False
+            self._mode, self._slot, self._whole, self._replay = None, None, None, False
+
+    def _on_body_call(self, rows, col_start, mask, fan_out) -> None:
+        """One decoder-body call of a split forward (see `gspo.logprobs.announce_body_calls`)."""
+        all_rows, off, _, _ = self._whole
+        if mask is None:  # the split forward is over
+            self._slot = self._whole
+            return
+        run_rows = all_rows if rows is None else all_rows[rows.to(all_rows.device)]
+        fan = None if fan_out is None else (all_rows, fan_out.to(mask.device))
+        self._slot = (run_rows, off + col_start, mask.bool(), fan)
 
     def take_metrics(self, per_layer: bool = False, captured: bool = False) -> dict:
-        """`routing/changed_frac` (and per layer) since the last call; {} when nothing was compared.
-        `captured`: the routes were captured in this step's own forward (π_θ = π_old), so every
-        fraction is 0 by definition."""
+        """`routing/changed_frac` (and per layer) since the last call, NaN where nothing was
+        compared (the same keys on every process: a process whose rows all had advantage 0
+        compared none). `captured`: the routes were captured in this step's own forward
+        (π_θ = π_old), so every fraction is 0 by definition."""
         if captured:
             self._total.fill_(1.0)
         total = self._total.sum().item()
-        out = {}
-        if total:
-            out["routing/changed_frac"] = self._changed.sum().item() / total
-            if per_layer:
-                for i in range(len(self.routers)):
-                    if self._total[i]:
-                        out[f"routing/changed_frac/layer_{i}"] = (self._changed[i] / self._total[i]).item()
+        out = {"routing/changed_frac": self._changed.sum().item() / total if total else math.nan}
+        if per_layer:
+            for i in range(len(self.routers)):
+                t = self._total[i].item()
+                out[f"routing/changed_frac/layer_{i}"] = self._changed[i].item() / t if t else math.nan
         self._changed.zero_()
         self._total.zero_()
         return out
 
     # ------------------------------------------------------------------ the hook
 
+    def _coords(self, rows, off, mask):
+        """Rollout (row, column) of each real token of a (b, l) forward, in flattened order."""
+        b, length = mask.shape
+        cols = torch.arange(off, off + length, device=mask.device)
+        flat_mask = mask.reshape(-1)  # (b*l,)
+        return (rows[:, None].expand(b, length).reshape(-1)[flat_mask],
+                cols[None, :].expand(b, length).reshape(-1)[flat_mask], flat_mask)
+
     def _hook_for(self, layer: int):
         def hook(module, args, output):
             if self._mode is None or self.routes is None:
                 return None
             logits, scores, idx = output
-            rows, off, mask = self._slot
+            rows, off, mask, fan = self._slot
             b, length = mask.shape
             if idx.shape[0] != b * length:  # not this slot's forward (e.g. a one-off probe): leave it
                 return None
-            cols = torch.arange(off, off + length, device=mask.device)
-            flat_mask = mask.reshape(-1)  # (b*l,)
-            r_idx = rows[:, None].expand(b, length).reshape(-1)[flat_mask]
-            c_idx = cols[None, :].expand(b, length).reshape(-1)[flat_mask]
+            r_idx, c_idx, flat_mask = self._coords(rows, off, mask)
+            # the tokens the routes stand for: those run, or, for a prompt run once for its
+            # group, the same prompt tokens of every row of the group (identical routes)
+            if fan is None:
+                t_rows, t_cols, t_new = r_idx, c_idx, idx[flat_mask]
+            else:
+                all_rows, inverse = fan
+                t_rows, t_cols, fan_mask = self._coords(all_rows, off, mask[inverse])
+                t_new = idx.view(b, length, -1)[inverse].reshape(-1, idx.shape[-1])[fan_mask]
             if self._mode == "capture":
-                self.routes[r_idx, c_idx, layer] = idx[flat_mask].to(self.dtype)
+                self.routes[t_rows, t_cols, layer] = t_new.to(self.dtype)
                 return None
-            old = self.routes[r_idx, c_idx, layer].long()  # (m, k)
-            new = idx[flat_mask].long()
-            known = (old >= 0).all(-1)
-            same = (new[:, :, None] == old[:, None, :]).any(-1).sum(-1)  # (m,) shared experts
+            old_t = self.routes[t_rows, t_cols, layer].long()  # (m, k)
+            known = (old_t >= 0).all(-1)
+            same = (t_new.long()[:, :, None] == old_t[:, None, :]).any(-1).sum(-1)  # (m,) shared experts
             self._changed[layer] += (self.k - same[known]).sum().item()
             self._total[layer] += self.k * known.sum().item()
             if not self._replay:
                 return None
-            if not known.all():
+            old = old_t if fan is None else self.routes[r_idx, c_idx, layer].long()  # the tokens run
+            if not (old >= 0).all():
                 raise RuntimeError("Routing Replay: a token has no recorded π_old route "
                                    "(replay needs the trainer's π_old pass over the same rollout)")
             if layer not in self._checked:  # the gate-weight rule must reproduce this router

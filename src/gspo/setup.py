@@ -339,10 +339,9 @@ def build_context(cfg: Config) -> RunContext:
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
-    # A MoE route record is laid out as one forward over [prompt | completion]. Under FSDP2 every
-    # decoder call gathers the shards, so all ranks must make the same calls: each rank's own
-    # decision (from its rows) is reduced to a common one.
-    share = cfg.model.share_prompt and not (routes and routes.active)
+    # Under FSDP2 every decoder call gathers the shards, so all ranks must make the same calls:
+    # each rank's own decision to share prompts (from its rows) is reduced to a common one.
+    share = cfg.model.share_prompt
     agree = (lambda ok: d.all_reduce([float(ok)], "min")[0] > 0) if d.enabled and d.strategy == "fsdp" else None
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
                             autocast_dtype=autocast, share_prompt=share, agree=agree)

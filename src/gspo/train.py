@@ -89,7 +89,15 @@ def old_logprobs(ctx: RunContext, rollout: Rollout, skip: torch.Tensor | None = 
     sched = ctx.cfg.schedule
     mbs = sched.micro_batch_size or max(rollout.num_samples // sched.num_minibatches, 1)
     rows = rows[rollout.completion_lengths.cpu()[rows].argsort(stable=True)]
-    for idx in rows.split(mbs) if len(rows) else ():  # (split of an empty tensor yields one empty part)
+    parts = list(rows.split(mbs)) if len(rows) else []  # (split of an empty tensor yields one empty part)
+    if ctx.dist.enabled:  # every forward is a collective (FSDP2 gathers, DDP broadcasts buffers): a
+        # process with fewer rows left to run (more of them skipped) pads with one-row forwards
+        calls = int(ctx.dist.all_reduce([float(len(parts))], "max")[0])
+        parts += [None] * (calls - len(parts))
+    for idx in parts:
+        if idx is None:  # placeholder: row 0 at the current weights (its π_old), result unused
+            trainer_logprobs(ctx, rollout, torch.zeros(1, dtype=torch.long), "capture")
+            continue
         _, lp = trainer_logprobs(ctx, rollout, idx, "capture")  # (b, T_part)
         out[idx.to(out.device), : lp.shape[1]] = lp.float()
     return out
@@ -292,8 +300,9 @@ def signal_rows(ctx: RunContext, adv: torch.Tensor) -> torch.Tensor | None:
     leaves the others out of the trainer's passes; None when every row runs. A row with A_i = 0
     adds exactly 0 to the loss and to its gradient at every level and aggregation (the loss has
     no other term); it still counts in the minibatch's size and token count, so the other rows'
-    weights do not change. Not on a MoE model that records routes (the record covers every row)."""
-    if not ctx.cfg.schedule.skip_zero_advantage or ctx.routes is not None:
+    weights do not change. Not with Routing Replay, which needs π_old's routes of any row a
+    process runs (under torchrun a process with no such row runs one at weight 0)."""
+    if not ctx.cfg.schedule.skip_zero_advantage or (ctx.routes is not None and ctx.cfg.algo.routing_replay):
         return None
     return (adv != 0).cpu()
 
