@@ -1,4 +1,5 @@
-"""gspo.rewards: built-ins, name resolution, and the worker-process runner's error policies."""
+"""gspo.rewards and gspo.reward_runner: built-ins, name resolution, and the worker-process runner's
+error policies."""
 
 import math
 import os
@@ -150,6 +151,23 @@ def test_runner_weighted_sum_in_worker_processes(runner):
     assert res.per_function == {"length_reward": [2.0, 1.0, 1.0], "exact_answer": [1.0, 1.0, 0.0]}
     assert res.stats["reward/exact_answer/mean"] == pytest.approx(2 / 3)
     assert res.stats["reward/missing"] == 0 and res.stats["reward/errors"] == 0
+
+
+def test_runner_module_and_its_re_export():
+    """The runner lives in gspo.reward_runner; gspo.rewards re-exports it without importing it
+    (and torch) until asked."""
+    import subprocess
+    import sys
+
+    import gspo.reward_runner as rr
+    import gspo.rewards as rw
+
+    assert rw.RewardRunner is rr.RewardRunner and rw.RewardResult is rr.RewardResult
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        rw.nothing  # noqa: B018
+    code = "import sys, gspo.rewards; print('gspo.reward_runner' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[0] == "False"
 
 
 def test_runner_runs_in_other_processes():

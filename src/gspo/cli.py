@@ -45,7 +45,7 @@ def cmd_eval(args) -> int:
     from gspo.config import load_config
     from gspo.evaluate import evaluate
     from gspo.models import load_policy
-    from gspo.rewards import RewardRunner
+    from gspo.reward_runner import RewardRunner
     from gspo.rollout import HFGenerator
     from gspo.setup import load_prompt_rows, reward_specs, setup_threads
 

@@ -25,7 +25,8 @@ from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prom
 from gspo.distributed import Dist
 from gspo.models import load_policy, resolve_device, use_cpu_gqa_attention
 from gspo.logprobs import LogprobModule
-from gspo.rewards import RewardRunner, RewardSpec, validate_specs
+from gspo.reward_runner import RewardRunner
+from gspo.rewards import RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
 from gspo.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS, make_task

@@ -1,0 +1,385 @@
+"""The reward runner: reward functions called in long-lived worker processes with a deadline,
+so that a hung or crashing function cannot stall or take down training, and signal-based
+timeouts inside a function (math-verify's) run on the worker's main thread where they work.
+The contract and name resolution are in `gspo.rewards`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import math
+import multiprocessing as mp
+import numbers
+import os
+import signal
+import sys
+import time
+import traceback
+import warnings
+import weakref
+from multiprocessing.connection import wait as _wait_conns
+from typing import Any, Sequence
+
+import torch
+
+from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Calling a function (the same code runs in a worker or, with num_workers=0, in-process)
+
+
+def _check_values(values: Any, n: int, name: str) -> list[float | None]:
+    """Values as floats/None; raises RewardError on the wrong count or type (always)."""
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise RewardError(f"reward function {name!r} returned {type(values).__name__}, expected a list of {n} numbers")
+    if len(values) != n:
+        raise RewardError(f"reward function {name!r} returned {len(values)} values for {n} completions")
+    out: list[float | None] = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+        elif isinstance(v, numbers.Real) and math.isfinite(v):
+            out.append(float(v))
+        else:
+            raise RewardError(
+                f"reward function {name!r} returned {v!r} for sample {i}; values must be finite "
+                "int, float or bool, or None when the sample cannot be scored (not NaN)"
+            )
+    return out
+
+
+def _call(fn, kwargs, prompts, completions, columns) -> Any:
+    return fn(list(prompts), list(completions), **{**columns, **kwargs})
+
+
+def _run_function(fn, kwargs, name, batch, stop_at_first: bool) -> tuple:
+    """('ok', values) | ('bad', message) | ('error', values, [(index, traceback)], batch_tb).
+
+    When the batch call raises, each sample is re-run alone to find which ones fail
+    (stopping at the first one when `stop_at_first`)."""
+    prompts, completions, columns = batch
+    n = len(completions)
+    try:
+        return ("ok", _check_values(_call(fn, kwargs, prompts, completions, columns), n, name))
+    except RewardError as e:
+        return ("bad", str(e))
+    except BaseException:
+        batch_tb = traceback.format_exc()
+    values: list[float | None] = [None] * n
+    failures = []
+    for i in range(n):
+        one_cols = {k: v[i : i + 1] for k, v in columns.items()}
+        try:
+            one = _call(fn, kwargs, prompts[i : i + 1], completions[i : i + 1], one_cols)
+            values[i] = _check_values(one, 1, name)[0]
+        except RewardError as e:
+            return ("bad", str(e))
+        except BaseException:
+            failures.append((i, traceback.format_exc()))
+            if stop_at_first:
+                break
+    return ("error", values, failures, batch_tb)
+
+
+def _worker_main(conn, functions, parent_pid: int) -> None:
+    # Ctrl-C goes to the whole process group; the parent decides what happens to workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send("ready")
+    batch = ([], [], {})
+    while True:
+        # Poll with a timeout so an orphaned worker (parent SIGKILLed) exits by itself.
+        if not conn.poll(1.0):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        if msg[0] == "batch":
+            batch = msg[1:]
+            continue
+        _, call_id, index, stop_at_first = msg
+        fn, kwargs, name = functions[index]
+        conn.send((call_id, _run_function(fn, kwargs, name, batch, stop_at_first)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner
+
+
+@dataclasses.dataclass
+class RewardResult:
+    """`rewards` (N,) float32: the weighted sum, NaN for missing samples. `per_function`: each
+    function's values (NaN where missing). `stats`: scalars for logging. `errors`: one line per
+    failure tolerated under on_error="skip"/"zero"."""
+
+    rewards: torch.Tensor
+    per_function: dict[str, list[float]]
+    stats: dict[str, float]
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+_LIVE_RUNNERS: "weakref.WeakSet[RewardRunner]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_runners() -> None:
+    for runner in list(_LIVE_RUNNERS):
+        runner.close()
+
+
+_START_TIMEOUT_S = 300.0
+
+
+def _default_start_method() -> str:
+    if sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods():
+        return "fork"  # functions defined in __main__ or a test module work as they are
+    return "spawn"
+
+
+def _short(text: Any, limit: int = 300) -> str:
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit] + f"... [{len(text)} chars]")
+
+
+class RewardRunner:
+    """Scores completions with a weighted sum of reward functions run in worker processes.
+
+    The batch is split into `num_workers` contiguous chunks, one per long-lived worker; each
+    function runs on every chunk with a deadline of `timeout_s` per call (the per-sample
+    re-runs that locate a failing sample count toward the same deadline). A worker past its
+    deadline is SIGKILLed and replaced, and that call counts as failed for its whole chunk.
+    Workers are forked on Linux (so functions from __main__ or test modules work) and spawned
+    elsewhere (functions must then pickle); `num_workers=0` runs in-process without deadlines,
+    for debugging.
+
+    on_error, for a function that raises or hangs: "raise" (default) stops with a RewardError
+    naming the function and the first failing sample; "skip" scores those samples as missing;
+    "zero" scores them 0.0. Breaking the contract (wrong count, non-number, NaN/inf) is always
+    a RewardError.
+
+    Missing: a sample's weighted sum is NaN when any function with nonzero weight has no value
+    for it (returned None, or failed under "skip"). Functions with weight 0 are logged only.
+    """
+
+    def __init__(self, specs: Sequence[RewardSpec | str | dict], *, timeout_s: float = 30.0,
+                 on_error: str = "raise", num_workers: int = 1, start_method: str | None = None):
+        if on_error not in ("raise", "skip", "zero"):
+            raise RewardConfigError(f"RewardRunner: on_error must be 'raise', 'skip' or 'zero', got {on_error!r}")
+        if not (isinstance(timeout_s, numbers.Real) and timeout_s > 0):
+            raise RewardConfigError(f"RewardRunner: timeout_s must be > 0, got {timeout_s!r}")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise RewardConfigError(f"RewardRunner: num_workers must be an int >= 0, got {num_workers!r}")
+        resolved = validate_specs(specs)
+        self.names = [key for key, _, _ in resolved]
+        self.weights = [float(s.weight) for _, _, s in resolved]
+        self._functions = [(fn, dict(s.kwargs), key) for key, fn, s in resolved]
+        self.timeout_s, self.on_error, self.num_workers = float(timeout_s), on_error, num_workers
+        self._ctx = mp.get_context(start_method or _default_start_method())
+        self._workers: list[Any] = [None] * num_workers  # (process, connection) pairs
+        self._closed, self._call_id = False, 0
+        for w in range(num_workers):
+            self._start_worker(w)
+        _LIVE_RUNNERS.add(self)
+
+    # -- worker management -----------------------------------------------------------------
+
+    def _start_worker(self, w: int) -> None:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_worker_main, args=(child_conn, self._functions, os.getpid()),
+            name=f"gspo-reward-{w}", daemon=True,
+        )
+        with warnings.catch_warnings():  # Python >= 3.12 warns about forking with threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                proc.start()
+            except Exception as e:
+                raise RewardConfigError(
+                    f"RewardRunner: cannot start a {self._ctx.get_start_method()} worker ({e}); "
+                    "under 'spawn' reward functions must be importable module-level functions"
+                ) from e
+        child_conn.close()
+        self._workers[w] = (proc, parent_conn)
+        # Wait until the worker runs (a spawned one imports first), so start-up time is not
+        # charged to the first call's deadline.
+        try:
+            if parent_conn.poll(_START_TIMEOUT_S) and parent_conn.recv() == "ready":
+                return
+        except (EOFError, OSError):
+            pass
+        self._kill_worker(w)
+        raise RewardError(f"RewardRunner: reward worker {w} did not start (exit code {proc.exitcode})")
+
+    def _kill_worker(self, w: int) -> None:
+        proc, conn = self._workers[w]
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        conn.close()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in range(self.num_workers):
+            if self._workers[w] is not None:
+                self._send(w, ("stop",))
+                self._workers[w][0].join(timeout=1.0)
+                self._kill_worker(w)
+        _LIVE_RUNNERS.discard(self)
+
+    def _send(self, w: int, msg: tuple) -> bool:
+        try:
+            self._workers[w][1].send(msg)
+            return True
+        except (OSError, ValueError):  # a dead worker: noticed (and replaced) at the next call
+            return False
+
+    def __enter__(self) -> "RewardRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- one function over all chunks --------------------------------------------------------
+
+    def _call_all(self, index: int, chunks: list[tuple[int, int]], batch) -> list[tuple]:
+        """Replies per chunk for function `index`; ('timeout',) or ('died', code) on failure."""
+        fn, kwargs, name = self._functions[index]
+        stop_at_first = self.on_error == "raise"
+        if self.num_workers == 0:
+            return [_run_function(fn, kwargs, name, batch, stop_at_first)]
+        # Replies carry the call's id, so a reply left over from an interrupted score() (e.g.
+        # by KeyboardInterrupt) is recognised and dropped instead of read as this call's.
+        self._call_id += 1
+        replies: list[tuple | None] = [None] * len(chunks)
+        pending = {}
+        for w in range(len(chunks)):
+            if self._send(w, ("call", self._call_id, index, stop_at_first)):
+                pending[self._workers[w][1]] = w
+            else:
+                replies[w] = ("died", self._workers[w][0].exitcode)
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            ready = _wait_conns(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for conn in ready:
+                w = pending[conn]
+                try:
+                    call_id, reply = conn.recv()
+                except (EOFError, OSError):
+                    self._workers[w][0].join(timeout=1.0)
+                    call_id, reply = self._call_id, ("died", self._workers[w][0].exitcode)
+                if call_id == self._call_id:
+                    replies[w] = reply
+                    del pending[conn]
+        for w in pending.values():
+            replies[w] = ("timeout",)
+        for w, reply in enumerate(replies):
+            if reply[0] in ("timeout", "died"):  # replace the worker and give it this batch
+                self._kill_worker(w)
+                self._start_worker(w)
+                lo, hi = chunks[w]
+                self._send_batch(w, batch, lo, hi)
+        return replies
+
+    def _send_batch(self, w: int, batch, lo: int, hi: int) -> None:
+        prompts, completions, columns = batch
+        self._send(w, ("batch", prompts[lo:hi], completions[lo:hi], {k: v[lo:hi] for k, v in columns.items()}))
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    def score(self, prompts: Sequence, completions: Sequence, columns: dict[str, list] | None = None) -> RewardResult:
+        """Score N completions (`prompts` and every column aligned with them)."""
+        if self._closed:
+            raise RewardError("RewardRunner.score: the runner is closed")
+        n, columns = len(completions), {k: list(v) for k, v in (columns or {}).items()}
+        bad = [f"{len(prompts)} prompts"] if len(prompts) != n else []
+        bad += [f"column {k!r} has {len(v)} values" for k, v in columns.items() if len(v) != n]
+        bad += [f"column {k!r} clashes with an argument" for k in {"prompts", "completions"} & columns.keys()]
+        if bad:
+            raise ValueError(f"RewardRunner.score: {'; '.join(bad)} (for {n} completions)")
+        batch = (list(prompts), list(completions), columns)
+        k = max(1, min(self.num_workers, n))  # chunks: one per worker (one in-process)
+        chunks = [(round(i * n / k), round((i + 1) * n / k)) for i in range(k)]
+        for w, (lo, hi) in enumerate(chunks if self.num_workers else []):
+            self._send_batch(w, batch, lo, hi)
+
+        stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
+        errors: list[str] = []
+        per_function: dict[str, list[float]] = {}
+        t0 = time.perf_counter()
+        for index, name in enumerate(self.names):
+            t_fn = time.perf_counter()
+            replies = self._call_all(index, chunks, batch)
+            values: list[float] = []
+            for (lo, hi), reply in zip(chunks, replies):
+                values += self._chunk_values(name, reply, lo, hi, batch, stats, errors)
+            per_function[name] = values
+            stats[f"reward/{name}/time_s"] = time.perf_counter() - t_fn
+
+        total = torch.zeros(n, dtype=torch.float64)  # (N,)
+        for name, weight in zip(self.names, self.weights):
+            v = torch.tensor(per_function[name], dtype=torch.float64)  # (N,)
+            if weight != 0.0:
+                total += weight * v  # NaN propagates: missing stays missing
+            stats[f"reward/{name}/mean"] = v.nanmean().item()  # NaN when all are missing
+        rewards = total.float()
+        ok = rewards[~rewards.isnan()]
+        stats["reward/mean"] = ok.mean().item() if len(ok) else math.nan
+        stats["reward/std"] = ok.std(unbiased=False).item() if len(ok) else math.nan
+        stats["reward/missing"] = float(n - len(ok))
+        stats["reward/time_s"] = time.perf_counter() - t0
+        return RewardResult(rewards=rewards, per_function=per_function, stats=stats, errors=errors)
+
+    def _chunk_values(self, name, reply, lo, hi, batch, stats, errors) -> list[float]:
+        """Values of one chunk (NaN for None), applying the on_error policy."""
+        kind = reply[0]
+        if kind == "bad":
+            raise RewardError(reply[1])
+        if kind == "ok":
+            return [math.nan if v is None else v for v in reply[1]]
+        fill = 0.0 if self.on_error == "zero" else math.nan
+        if kind in ("timeout", "died"):
+            what = (f"timed out after {self.timeout_s:g}s" if kind == "timeout"
+                    else f"killed its worker process (exit code {reply[1]})")
+            msg = f"reward function {name!r} {what} on samples {lo}..{hi - 1} (worker restarted)"
+            if self.on_error == "raise":
+                raise RewardError(msg)
+            stats["reward/timeouts" if kind == "timeout" else "reward/errors"] += hi - lo
+            errors.append(msg)
+            return [fill] * (hi - lo)
+        _, values, failures, batch_tb = reply
+        prompts, completions, _ = batch
+        if not failures:  # the batch call raised but every sample alone succeeded
+            if self.on_error == "raise":
+                raise RewardError(f"reward function {name!r} raised on samples {lo}..{hi - 1} as a batch "
+                                  f"(but on no sample alone):\n{batch_tb}")
+            errors.append(f"reward function {name!r} raised on a batch; scored its samples one by one")
+        if failures and self.on_error == "raise":
+            i, tb = failures[0]
+            raise RewardError(
+                f"reward function {name!r} raised on sample {lo + i}:\n"
+                f"  prompt: {_short(prompts[lo + i])}\n  completion: {_short(completions[lo + i])}\n{tb}"
+            )
+        failed = {i for i, _ in failures}
+        for i, tb in failures:
+            stats["reward/errors"] += 1
+            errors.append(f"reward function {name!r} raised on sample {lo + i}: {tb.strip().splitlines()[-1]}")
+        return [fill if i in failed else (math.nan if v is None else v) for i, v in enumerate(values)]
