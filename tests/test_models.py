@@ -160,6 +160,7 @@ def test_picked_log_softmax_backward_equals_autograd(dtype, factor):
     up[3] = 0.0
     a = z.clone().requires_grad_()
     got = _PickedLogSoftmax.apply(a, y, factor)
+    assert torch.equal(a.detach(), z)  # the input logits are left as they were
     (got * up).sum().backward()
     b = z.clone().requires_grad_()
     ref = torch.log_softmax(b.float() * factor, -1).gather(-1, y[:, None]).squeeze(-1)

@@ -187,12 +187,14 @@ class _PickedLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, factor: float):
-        z = logits.float()
+        z = logits.float()  # (a copy for bf16 logits, which this function then owns)
+        owned = z is not logits
         if factor != 1.0:
-            z = z * factor
+            z = z.mul_(factor) if owned else z * factor
+            owned = True
         top = z.amax(dim=-1, keepdim=True)  # (n, 1)
         picked = z.gather(-1, targets.unsqueeze(-1)) - top  # (n, 1)
-        e = (z - top).exp_()  # (n, V) in (0, 1]
+        e = (z.sub_(top) if owned else z - top).exp_()  # (n, V) in (0, 1]
         total = e.sum(dim=-1, keepdim=True)  # (n, 1) >= 1
         ctx.save_for_backward(e, total, targets)
         ctx.factor, ctx.dtype, ctx.spent = factor, logits.dtype, False
