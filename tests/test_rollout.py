@@ -255,15 +255,8 @@ def test_seeded_chunks_do_not_depend_on_the_split(model, tok):
     assert other.completions != whole.completions
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.7), (4, 0.8)])
-def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
-    """Empirical frequencies of 40k draws match softmax(logits / T) after top-k then top-p
-    (renormalised), and the returned log-probs are of the unfiltered distribution."""
-    from gspo.rollout import sample_tokens
-
-    temp = 0.8
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
-    p = torch.softmax(logits / temp, -1)
+def _filtered(p: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The distribution top-k, then top-p, leave of probabilities p (V,), renormalised."""
     want = p.clone()
     if top_k:
         want[torch.argsort(p, descending=True)[top_k:]] = 0
@@ -271,7 +264,19 @@ def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
         srt, order = torch.sort(want, descending=True)
         cum_before = (srt / srt.sum()).cumsum(0) - srt / srt.sum()
         want[order[cum_before >= top_p]] = 0
-    want = want / want.sum()
+    return want / want.sum()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.7), (4, 0.8)])
+def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
+    """Empirical frequencies of 40k draws match softmax(logits / T) after top-k then top-p
+    (renormalised), and the returned log-probs are of the unfiltered distribution."""
+    from gspo.sampling import sample_tokens
+
+    temp = 0.8
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
+    p = torch.softmax(logits / temp, -1)
+    want = _filtered(p, top_k, top_p)
     torch.manual_seed(0)
     n = 40_000
     tokens, lp = sample_tokens(logits.expand(n, -1), temp, top_k, top_p)
@@ -281,13 +286,12 @@ def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
     torch.testing.assert_close(lp, torch.log(p)[tokens], rtol=0, atol=1e-6)
 
 
-
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (40, 1.0), (0, 0.9)])
 def test_sample_tokens_over_several_cdf_blocks(top_k, top_p):
     """A 150-token vocabulary spans two full blocks of the two-level inverse CDF and a remainder:
     frequencies match the filtered softmax, tokens of weight 0 (logit -inf, some at block
     edges) are never drawn, and large logits (~300) neither underflow nor overflow."""
-    from gspo.rollout import _CDF_BLOCK, sample_tokens
+    from gspo.sampling import _CDF_BLOCK, sample_tokens
 
     vocab = 150
     assert 2 * _CDF_BLOCK < vocab < 3 * _CDF_BLOCK
@@ -296,14 +300,7 @@ def test_sample_tokens_over_several_cdf_blocks(top_k, top_p):
     dead = torch.tensor([0, 63, 64, 127, 128, 149, 70, 100])  # block edges and the last token
     logits[dead] = float("-inf")
     p = torch.softmax(logits, -1)
-    want = p.clone()
-    if top_k:
-        want[torch.argsort(p, descending=True)[top_k:]] = 0
-    if top_p < 1:
-        srt, order = torch.sort(want, descending=True)
-        cum_before = (srt / srt.sum()).cumsum(0) - srt / srt.sum()
-        want[order[cum_before >= top_p]] = 0
-    want = want / want.sum()
+    want = _filtered(p, top_k, top_p)
     torch.manual_seed(0)
     n = 60_000
     tokens, lp = sample_tokens(logits.expand(n, -1), 1.0, top_k, top_p)
@@ -318,7 +315,7 @@ def test_inverse_cdf_picks_the_token_under_the_uniform():
     """The two-level draw returns the token whose cumulative-weight interval holds u·total, in
     the first block, a middle block and the remainder block (checked against a one-level
     float64 inverse CDF with the same uniforms)."""
-    from gspo.rollout import _inverse_cdf
+    from gspo.sampling import _inverse_cdf
 
     g = torch.Generator().manual_seed(0)
     w = torch.rand(500, 150, generator=g) ** 4  # (rows, V): uneven weights

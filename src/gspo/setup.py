@@ -342,10 +342,9 @@ def build_context(cfg: Config) -> RunContext:
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
     # Under FSDP2 every decoder call gathers the shards, so all ranks must make the same calls:
     # each rank's own decision to share prompts (from its rows) is reduced to a common one.
-    share = cfg.model.share_prompt
     agree = (lambda ok: d.all_reduce([float(ok)], "min")[0] > 0) if d.enabled and d.strategy == "fsdp" else None
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
-                            autocast_dtype=autocast, share_prompt=share, agree=agree)
+                            autocast_dtype=autocast, share_prompt=cfg.model.share_prompt, agree=agree)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
     if r.backend == "vllm":

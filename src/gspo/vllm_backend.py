@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from gspo.config import ConfigError
-from gspo.rollout import (Rollout, _left_pad, assemble_rollout, check_sampling, chunk_seed, encode_prompts,
-                          special_ids)
+from gspo.rollout import Rollout, _left_pad, assemble_rollout, chunk_seed, encode_prompts, special_ids
+from gspo.sampling import check_sampling
 
 INSTALL_HINT = "pip install 'gspo[vllm]'"
 
