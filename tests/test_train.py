@@ -290,7 +290,9 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
     ([], True, "trainer"),                                    # MoE: the pass records routes
     (["model.mixed_precision=bf16"], False, "trainer"),
     (["model.dtype=bfloat16"], False, "trainer"),
-    (["lora.enabled=true", "lora.dropout=0.1"], False, "trainer"),
+    (["lora.enabled=true"], False, "sampler"),                # dropout off: the sampler's numbers still
+    (["model.dropout=true"], False, "trainer"),               # dropout in the trainer's passes
+    (["lora.enabled=true", "lora.dropout=0.1", "model.dropout=true"], False, "trainer"),
     (["rollout.backend=vllm"], False, "trainer"),
     (["algo.routing_replay=true"], False, "trainer"),
     (["rollout.old_logp=trainer"], False, "trainer"),

@@ -36,6 +36,8 @@ class ModelConfig:
     device: str = doc("auto", "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N")
     trust_remote_code: bool = doc(False, "allow model repos to run their own Python code (off unless you trust the repo)")
     gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
+    dropout: bool = doc(False, "apply the checkpoint's dropout (and LoRA's) in the trainer's passes; off by default because "
+                        "it is noise in the ratio: pi_theta differs from pi_old on the same weights (docs/modes.md)")
     mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
     share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
                              "(same numbers; not under gradient checkpointing)")
@@ -52,7 +54,7 @@ class LoraConfig:
     enabled: bool = doc(False, "train LoRA adapters (peft; extra gspo[lora]) instead of every weight")
     r: int = doc(16, "adapter rank")
     alpha: float = doc(32.0, "LoRA alpha (the update is scaled by alpha / r)")
-    dropout: float = doc(0.0, "dropout on the adapters' input (keep 0 for a deterministic pi_old pass)")
+    dropout: float = doc(0.0, "dropout on the adapters' input; acts only with model.dropout=true")
     target_modules: List[str] = doc(["all-linear"], "modules to adapt: names like q_proj, or all-linear (every linear layer but the head)")
     merge_final: bool = doc(True, "final/ holds the merged model (the adapters alone go to final/adapter)")
 
@@ -108,7 +110,8 @@ class VllmConfig:
 
 @dataclass
 class RewardFunctionConfig:
-    name: str = doc("exact_answer", "built-in reward name or dotted import path (pkg.module:function)")
+    name: str = doc("exact_answer", "built-in reward name, import path (pkg.module:function) or file (path/to/file.py:function); "
+                    "modules and files are found among installed modules, in the working directory and beside the config file")
     weight: float = doc(1.0, "weight of this function in the summed reward")
     kwargs: Dict[str, Any] = doc({}, "extra keyword arguments passed to the function")
 
@@ -254,8 +257,43 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(_friendly(e)) from None
+    if path is not None:
+        for f in cfg.rewards.functions:
+            f.name = anchor_import_path(f.name, Path(path).resolve().parent)
     validate(cfg)
     return cfg
+
+
+def anchor_import_path(name: str, config_dir: Path) -> str:
+    """An import path of a config file made independent of the working directory.
+
+    'file.py:fn' relative to the working directory or, failing that, to `config_dir` becomes
+    absolute; 'module:fn' whose module is neither installed nor in the working directory but is
+    a file or package beside the config file becomes that file's absolute path. Anything else
+    (built-in names, installed modules, names that resolve nowhere) is returned unchanged, and
+    `gspo.rewards` reports it when it fails to import."""
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        return name
+    if module.endswith(".py"):
+        p = Path(module).expanduser()
+        if p.is_absolute():
+            return name
+        for base in (Path.cwd(), config_dir):
+            if (base / p).is_file():
+                return f"{(base / p).resolve()}:{attr}"
+        return name
+    import importlib.util
+
+    top = module.split(".")[0]
+    local = lambda d: (d / f"{top}.py").is_file() or (d / top / "__init__.py").is_file()  # noqa: E731
+    if local(Path.cwd()) or not local(config_dir) or importlib.util.find_spec(top) is not None:
+        return name
+    rel = Path(*module.split("."))
+    target = config_dir / rel.with_suffix(".py")
+    if not target.is_file():
+        target = config_dir / rel / "__init__.py"
+    return f"{target.resolve()}:{attr}"
 
 
 def to_yaml(cfg: Config) -> str:
@@ -328,6 +366,9 @@ def validate(cfg: Config) -> None:
     _check(lc.r >= 1, "lora.r", "must be >= 1")
     _check(lc.alpha > 0, "lora.alpha", "must be > 0")
     _check(0 <= lc.dropout < 1, "lora.dropout", "must be in [0, 1)")
+    _check(lc.dropout == 0 or not lc.enabled or m.dropout, "lora.dropout",
+           f"{lc.dropout} would never act: dropout is off in every pass that enters the ratio unless "
+           f"model.dropout=true (set it to accept the noise, or leave lora.dropout at 0)")
     _check(len(lc.target_modules) >= 1, "lora.target_modules", "needs at least one module name (or all-linear)")
     dc = cfg.distributed
     _check(dc.strategy in ("fsdp", "ddp"), "distributed.strategy", f"'{dc.strategy}' is not fsdp | ddp")

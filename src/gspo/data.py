@@ -166,8 +166,8 @@ def load_rows(
 def format_prompt(prompt: str | list[dict], tokenizer: Any) -> str:
     """The text the policy is conditioned on.
 
-    A plain-text prompt is returned as is (no template, no added BOS: the tokenizer's own
-    `add_special_tokens` decides that when the text is encoded). A chat prompt is rendered with
+    A plain-text prompt is returned as is (no template; `encode_texts` adds the tokenizer's
+    BOS, if it has one, when the text is encoded). A chat prompt is rendered with
     `tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)`.
     """
     if isinstance(prompt, str):
@@ -187,13 +187,36 @@ def format_prompt(prompt: str | list[dict], tokenizer: Any) -> str:
     return text
 
 
+def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of rendered prompts (`format_prompt`'s output), the one rule every pass uses:
+    sampling (`gspo.rollout`, vLLM), training (the ids are the rollout's) and evaluation.
+
+    The ids are what the tokenizer itself produces for the text: the special tokens it adds at
+    the start (a Llama-, Gemma- or Mistral-style BOS) are kept, so a base model sees the inputs
+    it was trained on. Two exceptions: a text that already begins with those tokens (a chat
+    template that writes its own BOS) does not get them a second time, and tokens the tokenizer
+    would append at the end (an EOS from ``add_eos_token``) are dropped, since a prompt that
+    ends in EOS asks the model to continue past the end of a document."""
+    texts = list(texts)
+    full = tokenizer(texts, add_special_tokens=True)["input_ids"]
+    bare = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [_strip_added(list(f), list(b)) for f, b in zip(full, bare)]
+
+
+def _strip_added(full: list[int], bare: list[int]) -> list[int]:
+    """`full` = prefix + `bare` + suffix (what a post-processor adds): prefix + bare, without a
+    prefix that `bare` already starts with."""
+    n = len(bare)
+    for k in range(len(full) - n + 1):
+        if full[k:k + n] == bare:
+            prefix = full[:k]
+            return bare if bare[:k] == prefix else prefix + bare
+    return full  # the added tokens merged with the text's own: keep the tokenizer's output
+
+
 def prompt_token_count(prompt: str | list[dict], tokenizer: Any) -> int:
-    """Tokens in the formatted prompt. Plain text is counted with the tokenizer's special tokens
-    (e.g. a BOS it adds); a rendered chat template already holds its special tokens, so none are
-    added."""
-    text = format_prompt(prompt, tokenizer)
-    ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
-    return len(ids)
+    """Tokens in the formatted prompt, counted by `encode_texts` (as the policy will see it)."""
+    return len(encode_texts(tokenizer, [format_prompt(prompt, tokenizer)])[0])
 
 
 def filter_long_prompts(
@@ -206,7 +229,8 @@ def filter_long_prompts(
     """
     if not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
         raise DataError(f"filter_long_prompts: max_prompt_tokens must be a positive int, got {max_prompt_tokens!r}")
-    kept = [r for r in rows if prompt_token_count(r["prompt"], tokenizer) <= max_prompt_tokens]
+    ids = encode_texts(tokenizer, [format_prompt(r["prompt"], tokenizer) for r in rows]) if rows else []
+    kept = [r for r, x in zip(rows, ids) if len(x) <= max_prompt_tokens]
     return kept, len(rows) - len(kept)
 
 

@@ -11,32 +11,27 @@ import math
 
 import torch
 
-from gspo.data import format_prompt
-from gspo.models import eos_token_ids
+from gspo.data import encode_texts, format_prompt
+from gspo.models import eos_token_ids, eval_mode
+from gspo.rewards import reward_columns
+from gspo.rollout import left_pad
 
 
 @torch.no_grad()
 def greedy_completions(model, tokenizer, prompts: list[str], *, max_new_tokens: int,
                        batch_size: int = 64) -> list[str]:
-    was_training = model.training
-    model.eval()
+    """Greedy completions of rendered prompts, tokenized as the sampler tokenizes them
+    (`gspo.data.encode_texts`), every module in eval mode."""
     dev = next(model.parameters()).device
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     out = []
-    try:
+    with eval_mode(model):
         for i in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            gen = model.generate(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
-                                 do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                                 pad_token_id=pad, top_p=None, top_k=None, temperature=None)
-            new = gen[:, enc["input_ids"].shape[1]:]
-            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
+            ids, mask = left_pad(encode_texts(tokenizer, prompts[i:i + batch_size]), pad, dev)
+            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                                 eos_token_id=eos, pad_token_id=pad, top_p=None, top_k=None, temperature=None)
+            out.extend(tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True))
     return out
 
 
@@ -49,8 +44,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _score(runner, rows: list[dict], completions: list, repeat: int) -> torch.Tensor:
     prompts = [r["prompt"] for r in rows for _ in range(repeat)]
-    columns = {k: [r[k] for r in rows for _ in range(repeat)] for k in rows[0] if k != "prompt"}
-    res = runner.score(prompts, completions, columns)
+    res = runner.score(prompts, completions, reward_columns(rows, repeat))
     first = next(iter(res.per_function))
     return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32)
 

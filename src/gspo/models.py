@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 
 import torch
 
@@ -77,7 +78,7 @@ def load_policy(
     EOS, never by the pad id); ``padding_side`` is set to ``"left"`` because prompts are
     left-padded for generation. The model's ``generation_config.pad_token_id`` is filled from
     the tokenizer when missing. The model is returned in eval mode, as ``from_pretrained``
-    leaves it; the trainer switches modes itself.
+    leaves it; `set_trainer_mode` gives it the mode of the trainer's passes.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -106,6 +107,40 @@ def load_policy(
     if gen is not None and gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def set_trainer_mode(model, *, dropout: bool) -> None:
+    """The mode of every trainer pass (the pi_old pass and the update passes), set once.
+
+    Without `dropout` (the default), every module is in eval mode, as in the sampler: dropout
+    and any other training-only noise (router jitter) would make pi_theta differ from pi_old
+    on the very same weights, and that noise enters the ratio s_i, whose clip range is 3e-4
+    (GSPO.md, §5.1). Layers that checkpoint their activations are the exception: transformers
+    recomputes a layer only in training mode, so those layers alone (not their children) are
+    put in training mode, and `gradient_checkpointing_enable` then acts on a loaded checkpoint
+    as on a built one. With `dropout`, the whole model is in training mode (the checkpoint's
+    dropout acts in every trainer pass; the sampler stays in eval mode, see `eval_mode`)."""
+    if dropout:
+        model.train()
+        return
+    model.eval()
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            m.training = True
+
+
+@contextmanager
+def eval_mode(model):
+    """Every module in eval mode inside the block (sampling, evaluation), and each module's own
+    mode restored after it: restoring with ``model.train(True)`` would switch on every dropout
+    that `set_trainer_mode` left off."""
+    saved = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in saved:
+            m.training = training
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

@@ -21,10 +21,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 import math
 import numbers
+import os
 import re
+import sys
+import zlib
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
@@ -48,19 +53,71 @@ from gspo.reward_builtins import (  # noqa: E402,F401  (re-exported)
 
 
 def _import_attr(path: str, what: str) -> Callable:
+    """`path` is 'package.module:function' (or 'package.module.function') or
+    'path/to/file.py:function'. Modules are looked up among installed ones, then in the working
+    directory (the `gspo` console script, unlike ``python -m``, does not put it on sys.path);
+    a relative file path is taken from the working directory (`gspo.config.load_config` has
+    already made paths relative to the config file absolute)."""
     if ":" in path:
         module_name, _, attr = path.partition(":")
     else:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise RewardConfigError(f"{what}: {path!r} is not 'package.module:function'")
+        raise RewardConfigError(f"{what}: {path!r} is not 'package.module:function' or 'path/to/file.py:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_file(Path(module_name)) if module_name.endswith(".py") else _import_module(module_name)
+    except RewardConfigError as e:
+        raise RewardConfigError(f"{what}: {e}") from None
     except Exception as e:
         raise RewardConfigError(f"{what}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from e
     if not hasattr(module, attr):
         raise RewardConfigError(f"{what}: module {module_name!r} has no attribute {attr!r}")
     return getattr(module, attr)
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        top = name.split(".")[0]
+        cwd = os.getcwd()
+        if e.name != top or cwd in sys.path or not _is_module_in(Path(cwd), top):
+            raise
+    sys.path.append(cwd)  # appended: an installed module of the same name still wins
+    return importlib.import_module(name)
+
+
+def _is_module_in(folder: Path, top: str) -> bool:
+    return (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()
+
+
+def _import_file(path: Path):
+    """A module from a .py file: inside a package (its folder has __init__.py) it is imported
+    by its dotted name from the package's root, so relative imports work; a lone file gets a
+    private module name, and its folder joins sys.path so that it can import its neighbours."""
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise RewardConfigError(f"no such file {str(path)!r}")
+    root, parts = path.parent, [] if path.stem == "__init__" else [path.stem]
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if str(root) not in sys.path:
+        sys.path.append(str(root))
+    if len(parts) > 1 or path.stem == "__init__":
+        return importlib.import_module(".".join(parts))
+    name = f"gspo_reward_file_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses and pickling look it up there
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _check_callable(fn: Any, what: str) -> Callable:
@@ -94,7 +151,7 @@ def resolve_reward(name: str | Callable) -> Callable:
     if "." not in name and ":" not in name:
         raise RewardConfigError(
             f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))}; "
-            "or give an import path 'package.module:function'"
+            "or give an import path 'package.module:function' or a file 'path/to/file.py:function'"
         )
     return _check_callable(_import_attr(name, what), what)
 
@@ -142,6 +199,14 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
         seen[key] = seen.get(key, 0) + 1
         out.append((key if seen[key] == 1 else f"{key}_{seen[key]}", fn, s))
     return out
+
+
+def reward_columns(rows: Sequence[dict], repeat: int) -> dict[str, list]:
+    """The keyword columns of a batch of dataset rows, each row repeated `repeat` times (its
+    group): every column that any row has, in first-seen order, None where a row lacks it
+    (JSONL rows may have different keys)."""
+    names = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
+    return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in names}
 
 
 def __getattr__(name: str):

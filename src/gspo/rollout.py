@@ -18,7 +18,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from gspo.data import encode_texts
 from gspo.models import eos_token_ids as _eos_token_ids
+from gspo.models import eval_mode
 from gspo.sampling import check_sampling, sample_tokens
 
 
@@ -185,17 +187,18 @@ def special_ids(model, tokenizer, eos_token_ids: Sequence[int] | None = None) ->
     return eos, int(pad) if pad is not None else eos[0]
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str], group_size: int, add_special_tokens: bool) -> list[list[int]]:
-    """The N = B·G prompt rows (each prompt's ids repeated `group_size` times), tokenized once."""
+def encode_prompts(tokenizer, prompts: Sequence[str], group_size: int) -> list[list[int]]:
+    """The N = B·G prompt rows (each prompt's ids repeated `group_size` times), tokenized once
+    by `gspo.data.encode_texts` (the tokenizer's BOS, once)."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if not prompts:
         raise ValueError("no prompts to generate from")
-    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    encoded = encode_texts(tokenizer, prompts)
     for text, ids in zip(prompts, encoded):
         if not ids:
             raise ValueError(f"prompt {text!r} encodes to no tokens")
-    return [list(ids) for ids in encoded for _ in range(group_size)]
+    return [ids for ids in encoded for _ in range(group_size)]
 
 
 def assemble_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
@@ -226,7 +229,7 @@ def assemble_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, comple
     )
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -293,10 +296,9 @@ class HFGenerator:
     """Sample from the trainer's own module: `decode` (``engine="gspo"``, the default) or
     transformers' ``model.generate`` (``engine="hf"``), with the same sampling rule.
 
-    - Prompts are tokenized once with ``add_special_tokens=False`` by default: prompts are
-      expected fully rendered (a chat template already writes BOS and role markers; adding
-      them again would double them). Pass ``add_special_tokens=True`` for raw-text prompts to
-      a model that expects the tokenizer's BOS.
+    - Prompts are rendered text (`gspo.data.format_prompt`), tokenized once by
+      `gspo.data.encode_texts`: the tokenizer's own BOS when it adds one, never twice (a chat
+      template that writes BOS keeps its own).
     - Each prompt is repeated `group_size` times consecutively and sampled in chunks of
       `batch_size` sequences (all at once when None), with torch's global RNG, or with a
       forked RNG seeded per chunk when `generate` gets a `seed` (then the rollout depends on
@@ -313,7 +315,8 @@ class HFGenerator:
     - `decode` is ~1.4x faster than generate on a CPU at equal work (bench: docs/benchmarks.md)
       and skips finished rows; ``engine="hf"`` is there for architectures whose cache or
       forward needs generate's own preparation.
-    - The model is put in eval mode for sampling and its previous mode is restored.
+    - Every module is in eval mode while sampling (`gspo.models.eval_mode`), and each module's
+      own mode is restored after.
     """
 
     def __init__(
@@ -327,7 +330,6 @@ class HFGenerator:
         max_new_tokens: int = 64,
         batch_size: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
-        add_special_tokens: bool = False,
         engine: str = "gspo",
     ):
         check_sampling(temperature, top_p, top_k, max_new_tokens)
@@ -343,7 +345,6 @@ class HFGenerator:
         self.top_k = int(top_k)
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = batch_size
-        self.add_special_tokens = add_special_tokens
         self.eos_token_ids, self.pad_token_id = special_ids(model, tokenizer, eos_token_ids)
 
     def sync_weights(self, model) -> None:
@@ -392,24 +393,23 @@ class HFGenerator:
 
         n = prompt_ids.shape[0]
         step = self.batch_size or n
-        saved_mode, saved_gc = self.model.training, self.model.generation_config
-        self.model.eval()
+        saved_gc = self.model.generation_config
         self.model.generation_config = GenerationConfig()
         chunks = []
         try:
-            for start in range(0, n, step):
-                ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
-                first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
-                if seed is None:
-                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
-                    continue
-                devices = [ids.device] if ids.device.type == "cuda" else []
-                with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed(chunk_seed(seed, offset + start))
-                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+            with eval_mode(self.model):
+                for start in range(0, n, step):
+                    ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
+                    first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
+                    if seed is None:
+                        chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+                        continue
+                    devices = [ids.device] if ids.device.type == "cuda" else []
+                    with torch.random.fork_rng(devices=devices):
+                        torch.manual_seed(chunk_seed(seed, offset + start))
+                        chunks.append(self._sample(ids[:, first:], mask[:, first:]))
         finally:
             self.model.generation_config = saved_gc
-            self.model.train(saved_mode)
         return chunks
 
     def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
@@ -417,8 +417,8 @@ class HFGenerator:
         """Sample `group_size` completions for each prompt (see the class docstring and
         `Generator.generate` for `seed` and `offset`)."""
         device = next(self.model.parameters()).device
-        rows = encode_prompts(self.tokenizer, prompts, group_size, self.add_special_tokens)  # N lists
-        prompt_ids, prompt_mask = _left_pad(rows, self.pad_token_id, device)  # (N, P)
+        rows = encode_prompts(self.tokenizer, prompts, group_size)  # N lists
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id, device)  # (N, P)
         chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
 
         n, t = len(rows), max(c.shape[1] for c, _ in chunks)

@@ -23,10 +23,10 @@ from gspo import distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
 from gspo.distributed import Dist
-from gspo.models import load_policy, resolve_device, use_cpu_gqa_attention
+from gspo.models import load_policy, resolve_device, set_trainer_mode, use_cpu_gqa_attention
 from gspo.logprobs import LogprobModule
 from gspo.reward_runner import RewardRunner
-from gspo.rewards import RewardSpec, validate_specs
+from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator, Rollout
 from gspo.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS, make_task
@@ -121,6 +121,7 @@ def build_policy(cfg: Config, device: torch.device | None = None):
         model = peft.get_peft_model(model, peft.LoraConfig(
             r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, task_type="CAUSAL_LM",
             target_modules="all-linear" if targets == ["all-linear"] else targets))
+    set_trainer_mode(model, dropout=m.dropout)  # after every wrapper: one mode for every trainer pass
     return model, tok
 
 
@@ -246,15 +247,16 @@ class RunContext:
 
 def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
     """`rollout.old_logp=auto`: the sampler's log-probs when they are the numbers a trainer pass
-    would compute (the hf backend samples from the trainer's own fp32 weights, so the two agree
-    to float rounding, ~1e-6; the mismatch monitor logs the gap every rollout) and the pass would
-    be pure waste; the trainer pass when they are not (vLLM, bf16, LoRA dropout) or when the pass
-    has work of its own (recording MoE routes for routing/changed_frac and Routing Replay)."""
+    would compute (the hf backend samples from the trainer's own fp32 weights in the trainer's
+    mode, `gspo.models.set_trainer_mode`, so the two agree to float rounding, ~1e-6; the
+    mismatch monitor logs the gap every rollout) and the pass would be pure waste; the trainer
+    pass when they are not (vLLM, bf16, dropout in the trainer's passes) or when the pass has
+    work of its own (recording MoE routes for routing/changed_frac and Routing Replay)."""
     r = cfg.rollout
     if r.old_logp != "auto":
         return r.old_logp
     same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
-                    and not (cfg.lora.enabled and cfg.lora.dropout > 0))
+                    and not cfg.model.dropout)
     return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
 
 
@@ -307,7 +309,11 @@ def build_context(cfg: Config) -> RunContext:
     run_dir = cfg.run_dir
     check_writable(run_dir)                                              # output dir
     specs = reward_specs(cfg)
-    validate_specs(specs)                                                # reward names
+    for i, spec in enumerate(specs):                                     # reward names
+        try:
+            validate_specs([spec])
+        except RewardConfigError as e:
+            raise ConfigError(f"config field 'rewards.functions[{i}].name': {e}") from None
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     resume_from = ckpt.resolve_resume(run_dir, cfg.resume)              # checkpoint
     if resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):

@@ -16,6 +16,7 @@ import torch
 from gspo import algo, faults
 from gspo.config import Config
 from gspo.setup import RunContext, build_context
+from gspo.rewards import reward_columns
 from gspo.metrics import Console, JsonlWriter, truncate_metrics, write_completions
 from gspo.rollout import Rollout, chunk_seed
 
@@ -42,7 +43,7 @@ class TrainerState:
 def score(ctx: RunContext, batch: list[dict], rollout: Rollout):
     """Weighted reward per completion (NaN where missing) and each function's own values."""
     G = rollout.group_size
-    columns = {k: [row[k] for row in batch for _ in range(G)] for k in batch[0] if k != "prompt"}
+    columns = reward_columns(batch, G)
     prompts = [row["prompt"] for row in batch for _ in range(G)]
     if ctx.chat:  # TRL's conversational shape, so users' functions work unchanged
         completions = [[{"role": "assistant", "content": c}] for c in rollout.completions]

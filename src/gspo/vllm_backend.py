@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from gspo.config import ConfigError
-from gspo.rollout import Rollout, _left_pad, assemble_rollout, chunk_seed, encode_prompts, special_ids
+from gspo.rollout import Rollout, left_pad, assemble_rollout, chunk_seed, encode_prompts, special_ids
 from gspo.sampling import check_sampling
 
 INSTALL_HINT = "pip install 'gspo[vllm]'"
@@ -193,7 +193,7 @@ def rollout_from_samples(
             completion_ids[i, :len(ids)] = torch.tensor(list(ids), dtype=torch.long)
             logp[i, :len(lps)] = torch.tensor(list(lps), dtype=torch.float32)
             produced[i, :len(ids)] = True
-    prompt_ids, prompt_mask = _left_pad([list(r) for r in prompt_rows], pad_token_id, device)
+    prompt_ids, prompt_mask = left_pad([list(r) for r in prompt_rows], pad_token_id, device)
     rollout = assemble_rollout(prompt_ids, prompt_mask, completion_ids.to(device), logp.to(device), produced,
                                eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, tokenizer=tokenizer,
                                prompts=prompts, group_size=group_size)
@@ -229,8 +229,8 @@ def _push_weights(worker, weights) -> None:
 class VLLMGenerator:
     """`Generator` backed by a colocated ``vllm.LLM`` (see the module docstring).
 
-    - Prompts are tokenized here (``add_special_tokens=False`` by default, as in `HFGenerator`)
-      and handed to vLLM as token ids, so the engine never re-tokenizes.
+    - Prompts are tokenized here by the rule `HFGenerator` uses (`gspo.data.encode_texts`: the
+      tokenizer's BOS, once) and handed to vLLM as token ids, so the engine never re-tokenizes.
     - Each of the N = B·G rows is its own request with ``n=1``; with a `seed`, row ``offset+i``
       is sampled from ``chunk_seed(seed, offset + i)``, so a rollout does not depend on how rows
       are split over processes or batched by the engine. Identical prompts share their KV
@@ -253,7 +253,6 @@ class VLLMGenerator:
         max_new_tokens: int = 64,
         max_model_len: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
-        add_special_tokens: bool = False,
         gpu_memory_utilization: float = 0.3,
         sleep: bool = True,
         dtype: str = "auto",
@@ -269,7 +268,6 @@ class VLLMGenerator:
         self.tokenizer = tokenizer
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.max_new_tokens = int(max_new_tokens)
-        self.add_special_tokens = add_special_tokens
         base = model.get_base_model() if _is_peft(model) else model
         self.eos_token_ids, self.pad_token_id = special_ids(base, tokenizer, eos_token_ids)
         self.sleep_enabled = bool(sleep)
@@ -371,7 +369,7 @@ class VLLMGenerator:
     def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
                  offset: int = 0) -> Rollout:
         """Sample `group_size` completions for each prompt (see `Generator.generate`)."""
-        rows = encode_prompts(self.tokenizer, prompts, group_size, self.add_special_tokens)
+        rows = encode_prompts(self.tokenizer, prompts, group_size)
         params = [self._sampling_params(None if seed is None else chunk_seed(seed, offset + i))
                   for i in range(len(rows))]
         requests = [{"prompt_token_ids": r} for r in rows]
