@@ -1,0 +1,287 @@
+"""The path a user's own checkpoint takes, on models written with save_pretrained and loaded
+through the CLI's own code (`gspo.cli.main`, `gspo.setup.build_policy`): the BOS in every pass,
+the mode of every pass, ragged reward columns, reward files found by path. Each test here failed
+before the fix it guards (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from artifacts import save_model, write_jsonl, write_plain_jsonl
+from gspo import logprobs, rollout
+from gspo.cli import main
+from gspo.config import ConfigError, load_config
+from gspo.data import encode_texts, format_prompt, prompt_token_count
+
+SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "schedule.rollouts=1",
+         "schedule.num_minibatches=2", "logging.console=false", "data.num_prompts=16", "data.eval_num_prompts=4",
+         "eval.num_prompts=4", "schedule.skip_zero_advantage=false"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family (and config overrides) -> a saved model directory, written once per module."""
+    cache: dict = {}
+
+    def get(family: str, **overrides) -> Path:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in cache:
+            cache[key] = save_model(tmp_path_factory.mktemp(family), family, **overrides)
+        return cache[key]
+
+    return get
+
+
+def train(tmp_path: Path, model_dir: Path, *extra: str, name: str = "run") -> Path:
+    rc = main(["train", f"model.name_or_path={model_dir}", *SMALL, f"output.dir={tmp_path}",
+               f"output.name={name}", *extra])
+    assert rc == 0
+    return tmp_path / name
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- BOS
+
+
+def _expected_prompt_ids(tok, text: str, chat: bool) -> list[int]:
+    """Written out per style: a Llama/Gemma/Mistral tokenizer puts its BOS before plain text;
+    a rendered chat template already starts with the BOS it wrote; Qwen and GPT-2 add nothing."""
+    bare = tok(text, add_special_tokens=False)["input_ids"]
+    adds_bos = tok.bos_token_id is not None and tok.bos_token_id != tok.eos_token_id  # (GPT-2: bos == eos, unused)
+    return bare if chat or not adds_bos else [tok.bos_token_id] + bare
+
+
+@pytest.mark.parametrize("family,chat", [("llama", False), ("llama", True), ("gemma2", False), ("gemma2", True),
+                                         ("mistral", True), ("qwen3", False), ("gpt2", False)])
+def test_bos_is_in_sampled_trained_and_evaluated_prompt_ids_exactly_once(tmp_path, saved, monkeypatch, family, chat):
+    from transformers import AutoTokenizer
+
+    model_dir = saved(family)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    seen: dict[str, list[list[int]]] = {"sampled": [], "trained": [], "evaluated": []}
+
+    def real(ids, mask):  # the unpadded rows
+        return [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+
+    gen = rollout.HFGenerator.generate
+
+    def spy_generate(self, prompts, group_size, **kw):
+        ro = gen(self, prompts, group_size, **kw)
+        if group_size > 1 or not seen["sampled"]:
+            seen["sampled"] += real(ro.prompt_ids, ro.prompt_mask)
+        return ro
+
+    fwd = logprobs.LogprobModule.forward
+
+    def spy_forward(self, input_ids, attention_mask, completion_len):
+        P = input_ids.shape[1] - completion_len
+        seen["trained"] += real(input_ids[:, :P], attention_mask[:, :P])
+        return fwd(self, input_ids, attention_mask, completion_len)
+
+    import transformers
+
+    hf_generate = transformers.GenerationMixin.generate
+
+    def spy_hf_generate(self, input_ids=None, attention_mask=None, **kw):
+        seen["evaluated"] += real(input_ids, attention_mask)
+        return hf_generate(self, input_ids=input_ids, attention_mask=attention_mask, **kw)
+
+    monkeypatch.setattr(rollout.HFGenerator, "generate", spy_generate)
+    monkeypatch.setattr(logprobs.LogprobModule, "forward", spy_forward)
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", spy_hf_generate)
+    extra = ["rollout.old_logp=trainer"]  # a pi_old pass over every row as well as the update's
+    if chat:
+        data = tmp_path / "chat.jsonl"
+        write_jsonl(data, [{"messages": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i)}
+                           for i in range(8)])
+        extra += [f"data.source={data}", "data.prompt_column=messages", f"data.eval_source={data}"]
+    train(tmp_path, model_dir, *extra)
+
+    rows = ([{"prompt": [{"role": "user", "content": f"{i}+{i}="}]} for i in range(8)] if chat else
+            [{"prompt": f"{a}+{b}="} for a in range(100) for b in range(100)])
+    expected = {tuple(_expected_prompt_ids(tok, format_prompt(r["prompt"], tok), chat)) for r in rows}
+    for stage, ids in seen.items():
+        assert ids, stage
+        for row in ids:
+            assert tuple(row) in expected, (stage, tok.convert_ids_to_tokens(row))
+            if tok.bos_token_id is not None and tok.bos_token_id != tok.eos_token_id:
+                assert row.count(tok.bos_token_id) == 1 and row[0] == tok.bos_token_id, (stage, row)
+    # start-up filtering counts the prompt as the policy sees it
+    assert prompt_token_count(rows[0]["prompt"], tok) == len(_expected_prompt_ids(
+        tok, format_prompt(rows[0]["prompt"], tok), chat))
+
+
+def test_encode_texts_keeps_a_bos_written_by_the_text_and_drops_an_appended_eos():
+    from artifacts import build_tokenizer
+
+    tok = build_tokenizer("llama")
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    bare = tok("1+2=", add_special_tokens=False)["input_ids"]
+    assert encode_texts(tok, ["1+2="]) == [[bos] + bare]
+    assert encode_texts(tok, ["<s>[INST] hi [/INST]"])[0].count(bos) == 1
+    tok._tokenizer.post_processor = __import__("tokenizers").processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", bos), ("</s>", eos)])  # a tokenizer with add_eos_token
+    assert encode_texts(tok, ["1+2="]) == [[bos] + bare]
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def _layers(model):
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def _saved_bytes_and_backward_calls(cfg):
+    """Build the policy as `gspo train` does, run one trainer forward + backward; returns
+    (bytes autograd saved for backward, decoder-layer forwards during backward)."""
+    from gspo.setup import build_policy
+
+    model, tok = build_policy(cfg, torch.device("cpu"))
+    trainer = logprobs.LogprobModule(model, temperature=1.0, chunk_size=512, share_prompt=True)
+    ids = torch.randint(5, len(tok), (4, 40))
+    mask = torch.ones_like(ids)
+    phase = {"backward": False, "calls": 0}
+
+    def count(*_):
+        phase["calls"] += phase["backward"]
+
+    for layer in _layers(model):  # (transformers checkpoints a layer's forward, inside its hooks: count its first child)
+        next(layer.children()).register_forward_hook(count)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                  lambda t: t):
+        loss = trainer(ids, mask, 20).sum()
+    phase["backward"] = True
+    loss.backward()
+    return sum(saved), phase["calls"]
+
+
+def test_gradient_checkpointing_acts_on_a_loaded_checkpoint(saved):
+    model_dir = saved("qwen3", num_hidden_layers=3)
+    base = [f"model.name_or_path={model_dir}"]
+    plain_bytes, plain_calls = _saved_bytes_and_backward_calls(load_config(None, base))
+    gc_bytes, gc_calls = _saved_bytes_and_backward_calls(load_config(None, [*base, "model.gradient_checkpointing=true"]))
+    assert plain_calls == 0
+    assert gc_calls == 3  # every decoder layer runs again in backward
+    assert gc_bytes < 0.6 * plain_bytes  # and the activations it kept for backward fell
+
+
+def test_loaded_model_trains_in_eval_mode_except_checkpointing_layers(saved):
+    from gspo.models import eval_mode
+    from gspo.setup import build_policy
+
+    model_dir = saved("qwen3", attention_dropout=0.1)
+    model, _ = build_policy(load_config(None, [f"model.name_or_path={model_dir}", "model.gradient_checkpointing=true",
+                                               "lora.enabled=true"]), torch.device("cpu"))
+    training = lambda: {m for m in model.modules() if m.training}  # noqa: E731
+    checkpointing = {m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True}
+    assert set(_layers(model)) <= training() == checkpointing  # the decoder layers (and the model that loops over them)
+    assert not any(isinstance(m, torch.nn.Dropout) or "Attention" in type(m).__name__ for m in training())
+    with eval_mode(model):
+        assert not training()
+    assert training() == checkpointing  # each module's own mode restored
+    model, _ = build_policy(load_config(None, [f"model.name_or_path={model_dir}", "model.dropout=true"]),
+                            torch.device("cpu"))
+    assert all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("family,extra", [("qwen3", ["lora.enabled=true", "lora.r=4"]), ("gpt2", [])])
+def test_dropout_in_the_config_leaves_the_on_policy_ratio_at_one(tmp_path, saved, family, extra):
+    """Qwen3 with attention_dropout=0.1 under LoRA (the peft wrapper starts in training mode),
+    GPT-2 with its own 0.1 dropouts: pi_theta on the first minibatch of every rollout is the
+    sampler's pi_old exactly as far as float rounding goes, so no sequence is clipped there."""
+    model_dir = saved(family, **({"attention_dropout": 0.1} if family == "qwen3" else {}))
+    run_dir = train(tmp_path, model_dir, "schedule.rollouts=2", "eval.enabled=false", "optim.lr=1e-3", *extra)
+    recs = records(run_dir)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    for first in recs[0::2]:  # the first minibatch of each rollout
+        assert first["mismatch/token_abs_max"] < 1e-5
+        assert abs(first["ratio/seq_min"] - 1) < 1e-6 and abs(first["ratio/seq_max"] - 1) < 1e-6
+        assert first["clip/seq_frac"] == 0
+
+
+def test_lora_dropout_without_model_dropout_is_refused():
+    with pytest.raises(ConfigError, match="lora.dropout"):
+        load_config(None, ["lora.enabled=true", "lora.dropout=0.1"])
+    load_config(None, ["lora.enabled=true", "lora.dropout=0.1", "model.dropout=true"])
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+RECORDER = textwrap.dedent('''
+    import json, os
+
+    def record(prompts, completions, **columns):
+        """Writes the columns it was handed (one file per call), scores by completion length."""
+        out = os.environ["GSPO_TEST_COLUMNS"]
+        with open(out, "a") as f:
+            f.write(json.dumps({k: v for k, v in columns.items() if k != "trainer_state"}) + "\\n")
+        return [len(c) % 3 / 2 for c in completions]
+''')
+
+
+def _columns_seen(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_a_reward_file_in_the_working_directory_gets_every_column_of_every_row(tmp_path, saved, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_rewards.py").write_text(RECORDER)
+    data = write_plain_jsonl(work / "data.jsonl", n=4)  # 'level' missing from row 0, 'source' from row 3
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("GSPO_TEST_COLUMNS", str(tmp_path / "cols.jsonl"))
+    train(tmp_path, saved("qwen3"), f"data.source={data}", "data.shuffle=false", "rollout.prompts_per_step=4",
+          "eval.enabled=false", 'rewards.functions=[{name: "my_rewards:record"}]')
+    (call,) = _columns_seen(tmp_path / "cols.jsonl")
+    G = 2
+    assert call["level"] == [None] * G + [2] * G + [3] * G + [1] * G  # row 0 lacks it: None there, kept elsewhere
+    assert call["source"] == ["synthetic"] * (3 * G) + [None] * G  # row 3 lacks it
+    assert call["answer"] == [a for a in ["11", "14", "17", "20"] for _ in range(G)]
+
+
+def test_reward_files_beside_the_config_and_by_path(tmp_path, saved, monkeypatch):
+    conf_dir, work = tmp_path / "conf", tmp_path / "elsewhere"
+    (conf_dir / "lib").mkdir(parents=True)
+    work.mkdir()
+    (conf_dir / "beside.py").write_text(RECORDER)
+    (conf_dir / "lib" / "by_path.py").write_text(RECORDER.replace("def record", "def score"))
+    cfg_file = conf_dir / "run.yaml"
+    cfg_file.write_text(textwrap.dedent("""
+        rewards:
+          functions:
+            - {name: "beside:record", weight: 0.5}
+            - {name: "lib/by_path.py:score", weight: 0.5}
+    """))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("GSPO_TEST_COLUMNS", str(tmp_path / "cols.jsonl"))
+    cfg = load_config(cfg_file, [])
+    assert [f.name for f in cfg.rewards.functions] == [f"{(conf_dir / 'beside.py').resolve()}:record",
+                                                       f"{(conf_dir / 'lib' / 'by_path.py').resolve()}:score"]
+    rc = main(["train", str(cfg_file), f"model.name_or_path={saved('qwen3')}", *SMALL, "eval.enabled=false",
+               f"output.dir={tmp_path}", "output.name=run"])
+    assert rc == 0
+    assert len(_columns_seen(tmp_path / "cols.jsonl")) == 2  # both functions ran
+    rec = records(tmp_path / "run")[0]
+    assert "reward/record/mean" in rec and "reward/score/mean" in rec
+
+
+def test_an_unknown_reward_file_or_module_is_one_error_naming_the_entry(tmp_path, capsys):
+    for name in ("no_such_module:fn", "missing/file.py:fn"):
+        rc = main(["train", *SMALL, f"output.dir={tmp_path}", "output.name=bad",
+                   f'rewards.functions=[{{name: exact_answer}}, {{name: "{name}"}}]'])
+        assert rc == 2
+        err = capsys.readouterr().err
+        assert "rewards.functions[1].name" in err and name.split(":")[0] in err, err
+        assert not (tmp_path / "bad" / "config.yaml").exists()  # stopped before any model loaded
