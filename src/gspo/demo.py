@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from gspo.config import load_config
+from gspo.data import encode_texts
 from gspo.setup import build_context, load_prompt_rows, seed_everything, setup_threads
 
 # The demo's GSPO phase. Everything else is the library's default (GSPO, paper clip ranges,
@@ -49,8 +50,8 @@ def warmup(model, tokenizer, rows: list[dict], *, steps: int, batch_size: int, l
     for _ in range(steps):
         idx = torch.randint(len(rows), (batch_size,), generator=g)
         seqs, labels = [], []
-        for i in idx.tolist():
-            p = tokenizer(rows[i]["prompt"], add_special_tokens=False)["input_ids"]
+        prompts = encode_texts(tokenizer, [rows[i]["prompt"] for i in idx.tolist()])  # as GSPO will see them
+        for i, p in zip(idx.tolist(), prompts):
             a = tokenizer(rows[i]["answer"], add_special_tokens=False)["input_ids"] + [eos]
             seqs.append(p + a)
             labels.append([-100] * len(p) + a)
