@@ -1,0 +1,235 @@
+"""Checkpoints as users bring them: tiny models of six families and tokenizers in each family's
+style, saved with ``save_pretrained`` (tests/artifacts.py) and run through the CLI's own path:
+`gspo train model.name_or_path=DIR`, its final/ reloaded by transformers, `gspo eval` on it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import artifacts
+from gspo.checkpoint import load_model_state
+from gspo.cli import main
+from gspo.config import load_config
+from gspo.evaluate import greedy_completions
+from gspo.models import eos_token_ids, load_policy
+from gspo.setup import build_context
+
+RUN = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "schedule.rollouts=1",
+       "schedule.num_minibatches=2", "eval.enabled=true", "eval.num_prompts=4", "data.eval_num_prompts=4",
+       "logging.console=false"]
+# exact_answer first (eval accuracy), then a reward that tells random completions apart, so
+# the update passes have rows with a nonzero advantage to run
+REWARDS = "rewards.functions=[{name: exact_answer}, {name: 'artifacts:signal_reward'}]"
+# the family's checkpoint as saved, with overrides (GPT-2's config has dropout 0.1 of its own)
+OVERRIDES = {"llama": {"attention_dropout": 0.1}}
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """saved(family, **overrides) -> directory of that checkpoint, written once per session."""
+    cache: dict = {}
+
+    def get(family: str, **overrides) -> Path:
+        key = (family, repr(sorted(overrides.items())))
+        if key not in cache:
+            cache[key] = artifacts.save_model(tmp_path_factory.mktemp(f"ckpt-{family}"), family, **overrides)
+        return cache[key]
+
+    return get
+
+
+def train(model_dir: Path, out: Path, *extra: str) -> Path:
+    rc = main(["train", f"model.name_or_path={model_dir}", *RUN, REWARDS, f"output.dir={out}", "output.name=x", *extra])
+    assert rc == 0
+    return out / "x"
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def cli_eval(capsys, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(["eval", *map(str, args)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def logits(model, tok) -> torch.Tensor:
+    enc = tok(["12+7=", "3*4-5="], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return model(**enc).logits
+
+
+# ----------------------------------------------------------------------------- the CLI on each family
+
+
+@pytest.mark.parametrize("family", artifacts.FAMILIES)
+def test_train_and_eval_a_saved_checkpoint(family, saved, tmp_path, capsys):
+    src = saved(family, **OVERRIDES.get(family, {}))
+    run_dir = train(src, tmp_path, "data.source=arithmetic")
+    recs = records(run_dir)
+    steps = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    assert "eval/accuracy" in recs[0] and "eval/accuracy" in recs[-1]
+    # the sampler's log-probs (pi_old here, dense fp32) are the trainer's own numbers on the
+    # loaded checkpoint (BOS, soft-capping, sliding windows, GQA, dropout switched off) ...
+    assert steps[0]["mismatch/token_abs_max"] < 1e-4
+    # ... so the first, on-policy minibatch has ratios of exactly 1
+    if steps[0]["ratio/seq_min"] is not None:
+        assert steps[0]["ratio/seq_min"] == pytest.approx(1.0, abs=1e-5)
+        assert steps[0]["ratio/seq_max"] == pytest.approx(1.0, abs=1e-5)
+
+    final = run_dir / "final"
+    model, tok = AutoModelForCausalLM.from_pretrained(final), AutoTokenizer.from_pretrained(final)
+    source_model, source_tok = AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
+    # the tokenizer comes back as it was: same ids (BOS included), template and EOS ids
+    assert tok("12+7=")["input_ids"] == source_tok("12+7=")["input_ids"]
+    assert tok.chat_template == source_tok.chat_template
+    assert eos_token_ids(model, tok) == eos_token_ids(source_model, source_tok)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    before = logits(source_model, tok)
+    # final/ holds the trained weights: those of the last checkpoint, not the ones it started from
+    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    load_model_state(source_model, ckpt / "model.safetensors")
+    torch.testing.assert_close(logits(model, tok), logits(source_model, tok), rtol=0, atol=0)
+    assert not torch.equal(logits(model, tok), before)
+
+    m = cli_eval(capsys, final, "arithmetic", "--num-prompts", "4")
+    assert m["eval/num_prompts"] == 4 and 0 <= m["eval/accuracy"] <= 1
+
+
+TEMPLATE_START = {"llama": "<s>[INST] ", "mistral": "<s>[INST] ", "gemma2": "<bos><start_of_turn>user\n",
+                  "qwen3": "<|im_start|>system\n"}
+
+
+@pytest.mark.parametrize("family", list(TEMPLATE_START))
+def test_chat_jsonl_run(family, saved, tmp_path, capsys):
+    """Messy chat rows (system turns, history, stray whitespace, non-ASCII, int answers) through
+    templates that write BOS themselves (llama, mistral with [INST] as special tokens, gemma with
+    <end_of_turn> as a second EOS) and ChatML (qwen)."""
+    data = artifacts.write_chat_jsonl(tmp_path / "chat.jsonl")
+    run_dir = train(saved(family), tmp_path, f"data.source={data}", f"data.eval_source={data}",
+                    "data.prompt_column=messages")
+    recs = records(run_dir)
+    assert "eval/accuracy" in recs[0] and all(math.isfinite(r["loss"]) for r in recs if "loss" in r)
+    row = json.loads(next((run_dir / "completions").glob("*.jsonl")).read_text().splitlines()[0])
+    assert row["prompt"].startswith(TEMPLATE_START[family])
+    m = cli_eval(capsys, run_dir / "final", data, "data.prompt_column=messages", "--num-prompts", "4")
+    assert m["eval/num_prompts"] == 4
+
+
+def test_chat_data_for_a_tokenizer_without_a_template_is_one_error(saved, tmp_path, capsys):
+    data = artifacts.write_chat_jsonl(tmp_path / "chat.jsonl")
+    rc = main(["train", f"model.name_or_path={saved('gpt2')}", *RUN, f"data.source={data}", "data.prompt_column=messages",
+               f"output.dir={tmp_path}", "output.name=x"])
+    assert rc == 2 and "chat_template" in capsys.readouterr().err
+
+
+def test_plain_jsonl_with_ragged_columns(saved, tmp_path, capsys):
+    """Rows whose extra columns come and go ("level" missing from row 0, "source" from row 3)
+    reach a reward that takes them, in training (rows 0 and 1) and in evaluation (rows 0-3)."""
+    data = artifacts.write_plain_jsonl(tmp_path / "plain.jsonl")
+    rewards = ("rewards.functions=[{name: exact_answer}, {name: 'artifacts:signal_reward'}, "
+               "{name: 'artifacts:needs_ragged_columns', weight: 0.0}]")
+    run_dir = train(saved("llama"), tmp_path, f"data.source={data}", f"data.eval_source={data}",
+                    "data.shuffle=false", rewards)
+    assert "eval/accuracy" in records(run_dir)[-1]
+    m = cli_eval(capsys, run_dir / "final", data, rewards, "--num-prompts", "4")
+    assert m["eval/num_prompts"] == 4
+
+
+# ----------------------------------------------------------------------------- loading and special tokens
+
+
+@pytest.mark.parametrize("family", artifacts.FAMILIES)
+def test_load_policy_fills_pad_and_lists_every_eos(family, saved):
+    src = saved(family)
+    source_tok = AutoTokenizer.from_pretrained(src)
+    gen_eos = AutoModelForCausalLM.from_pretrained(src).generation_config.eos_token_id
+    model, tok = load_policy(src, device="cpu")
+    assert not model.training  # from disk, a checkpoint starts in eval mode
+    if source_tok.pad_token is None:  # llama, mistral, gpt2
+        assert tok.pad_token == tok.eos_token and tok.pad_token_id == tok.eos_token_id
+    else:
+        assert tok.pad_token == source_tok.pad_token
+    assert tok.padding_side == "left"
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
+    want = list(dict.fromkeys(gen_eos + [tok.eos_token_id]))
+    assert eos_token_ids(model, tok) == want
+    if family in ("gemma2", "qwen3"):  # several EOS ids: <eos> + <end_of_turn>, <|im_end|> + <|endoftext|>
+        assert len(want) == 2
+
+
+BOS_CASES = [("llama", "plain"), ("llama", "chat"), ("mistral", "plain"), ("mistral", "chat"),
+             ("gemma2", "plain"), ("gemma2", "chat"), ("qwen3", "chat"), ("gpt2", "plain")]
+
+
+@pytest.mark.parametrize("family,kind", BOS_CASES)
+def test_prompt_ids_hold_the_tokenizers_bos_once(family, kind, saved, tmp_path):
+    """The ids the sampler, the trainer (the rollout's ids) and the evaluation feed the policy
+    are the tokenizer's own: plain text gets the BOS a Llama/Mistral/Gemma tokenizer adds; a chat
+    template that writes BOS keeps its one; qwen and gpt2 get no BOS at all."""
+    src = saved(family)
+    data = ["data.source=arithmetic"]
+    if kind == "chat":
+        data = [f"data.source={artifacts.write_chat_jsonl(tmp_path / 'chat.jsonl')}", "data.prompt_column=messages"]
+    cfg = load_config(None, [f"model.name_or_path={src}", *RUN, *data, f"output.dir={tmp_path}", "output.name=x"])
+    ctx = build_context(cfg)
+    try:
+        tok, bos = ctx.tokenizer, ctx.tokenizer.bos_token_id
+        texts = [ctx.render(r["prompt"]) for r in ctx.sampler.rows[:4]]
+
+        def want(text: str) -> list[int]:
+            plain = tok(text, add_special_tokens=False)["input_ids"]
+            return plain if bos is not None and plain[:1] == [bos] else tok(text)["input_ids"]
+
+        if family in ("llama", "mistral", "gemma2"):
+            assert all(want(t)[0] == bos and want(t)[1] != bos for t in texts)
+        ro = ctx.generator.generate(texts, 2)
+        sampled = [ro.prompt_ids[i][ro.prompt_mask[i].bool()].tolist() for i in range(0, ro.num_samples, 2)]
+        assert sampled == [want(t) for t in texts]
+
+        seen = []
+        generate = ctx.model.generate
+
+        def spy(**kw):
+            seen.extend(ids[m.bool()].tolist() for ids, m in zip(kw["input_ids"], kw["attention_mask"]))
+            return generate(**kw)
+
+        ctx.model.generate = spy
+        greedy_completions(ctx.model, tok, texts, max_new_tokens=2)
+        assert seen == [want(t) for t in texts]
+    finally:
+        ctx.close()
+
+
+def test_greedy_evaluation_is_the_argmax_whatever_the_checkpoint_ships(saved):
+    """A checkpoint's generation_config (Qwen ships repetition_penalty=1.05; here one strong enough
+    to change a random model's choices, and a no-repeat n-gram size) must not steer greedy
+    evaluation: it is the argmax of the policy's logits at every step, as the trainer sees them."""
+    src = saved("qwen3", generation={"repetition_penalty": 100.0, "no_repeat_ngram_size": 2})
+    model, tok = load_policy(src, device="cpu")
+    prompts, n = ["12+7=", "3+3=", "45+1="], 8
+    eos = eos_token_ids(model, tok)
+    want = []
+    with torch.no_grad():
+        for p in prompts:
+            ids, out = tok(p, return_tensors="pt")["input_ids"], []  # (1, P); qwen adds no BOS
+            for _ in range(n):
+                nxt = int(model(ids).logits[0, -1].argmax())
+                if nxt in eos:
+                    break
+                out.append(nxt)
+                ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            want.append(tok.decode(out, skip_special_tokens=True))
+    assert greedy_completions(model, tok, prompts, max_new_tokens=n) == want
+    assert model.generation_config.repetition_penalty == 100.0  # the checkpoint's own, set back
