@@ -179,6 +179,9 @@ class LoggingConfig:
     table_every: int = doc(10, "print a table of sample completions every N rollouts (0 = never)")
     table_rows: int = doc(4, "rows in the console completions table")
     routing_per_layer: bool = doc(False, "MoE: also log routing/changed_frac for every layer")
+    report_to: List[str] = doc([], "experiment trackers (TRL's names): any of tensorboard, wandb, trackio, mlflow "
+                               "(extras gspo[NAME]); each gets every step's metrics, the completions and the config")
+    project: str = doc("gspo", "wandb / trackio project and mlflow experiment the run (named output.name) is filed under")
 
 
 @dataclass
@@ -432,6 +435,13 @@ def validate(cfg: Config) -> None:
         if fn.name == "code_tests":
             _check(rw.allow_code_execution, "rewards.allow_code_execution",
                    "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
+    from gspo.trackers import TRACKERS
+
+    names = cfg.logging.report_to
+    unknown = [n for n in names if n not in TRACKERS]
+    _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(unknown)}: choose from {' | '.join(TRACKERS)}")
+    _check(len(set(names)) == len(names), "logging.report_to", "names a tracker twice")
+    _check(bool(cfg.logging.project), "logging.project", "must not be empty")
     c = cfg.checkpoint
     _check(c.every >= 0, "checkpoint.every", "must be >= 0")
     _check(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")

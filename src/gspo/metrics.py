@@ -34,6 +34,27 @@ class JsonlWriter:
         self._f.close()
 
 
+class Sinks:
+    """Where rank 0's records go: metrics.jsonl, then the experiment trackers (`logging.report_to`,
+    `gspo.trackers.Trackers`), which also get each completions table."""
+
+    def __init__(self, jsonl: JsonlWriter, trackers):
+        self.jsonl, self.trackers = jsonl, trackers
+
+    def write(self, record: dict) -> None:
+        self.jsonl.write(record)  # first: a resume replays into the trackers what they missed of it
+        self.trackers.log(record)
+
+    def table(self, step: int, rows: list[dict]) -> None:
+        self.trackers.table(step, rows)
+
+    def close(self) -> None:
+        try:
+            self.trackers.close()
+        finally:
+            self.jsonl.close()
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop lines after `last_step` (and a torn last line), so a resumed run does not repeat steps."""
     path = Path(path)

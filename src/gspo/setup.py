@@ -270,6 +270,9 @@ def _check_extras(cfg: Config) -> None:
         from gspo.vllm_backend import check_available
 
         check_available()  # vllm importable, and a CUDA device or a CPU build of vLLM
+    from gspo.trackers import check_available as check_trackers
+
+    check_trackers(cfg.logging.report_to)  # each named tracker's package
 
 
 def _hf_generator(cfg: Config, model, tok) -> HFGenerator:

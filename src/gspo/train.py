@@ -17,8 +17,9 @@ from gspo import algo, faults
 from gspo.config import Config
 from gspo.setup import RunContext, build_context
 from gspo.rewards import reward_columns
-from gspo.metrics import Console, JsonlWriter, truncate_metrics, write_completions
+from gspo.metrics import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
 from gspo.rollout import Rollout, chunk_seed
+from gspo.trackers import open_trackers
 
 
 class TrainingError(RuntimeError):
@@ -394,7 +395,8 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
         if d.is_main:
             truncate_metrics(run_dir / "metrics.jsonl", state.step)
             print(f"resumed from {ctx.resume_from} (rollout {state.rollout}, step {state.step})")
-    writer = JsonlWriter(run_dir / "metrics.jsonl") if d.is_main else None  # rank 0 logs
+    writer = Sinks(JsonlWriter(run_dir / "metrics.jsonl"), open_trackers(cfg, state.step)) \
+        if d.is_main else None  # rank 0 logs: metrics.jsonl and logging.report_to's trackers
     total = cfg.schedule.rollouts
     console = Console(total, state.rollout, enabled=cfg.logging.console and d.is_main)
     eval_metrics = {}
@@ -452,7 +454,7 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
                 console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
                 eval_metrics = {}
                 if d.is_main:
-                    _log_completions(ctx, console, state, rollout, rewards, adv)
+                    _log_completions(ctx, console, writer, state, rollout, rewards, adv)
                 stop_now = d.all_reduce([float(stop.signum or 0)], "max")[0]  # a signal on any rank stops all
                 if state.bad_steps >= cfg.checkpoint.max_bad_steps:
                     ctx.save(state)
@@ -478,7 +480,8 @@ def train(cfg: Config, *, ctx: RunContext | None = None) -> Path:
     return run_dir
 
 
-def _log_completions(ctx: RunContext, console: Console, state: TrainerState, rollout: Rollout, rewards, adv):
+def _log_completions(ctx: RunContext, console: Console, writer: Sinks, state: TrainerState, rollout: Rollout,
+                     rewards, adv):
     lc = ctx.cfg.logging
     want_file = lc.completions_every and (state.rollout % lc.completions_every == 0 or state.rollout == 1)
     want_table = lc.table_every and state.rollout % lc.table_every == 0
@@ -487,6 +490,7 @@ def _log_completions(ctx: RunContext, console: Console, state: TrainerState, rol
     rows = completion_rows(state.step, rollout, rewards, adv)
     if want_file:
         write_completions(ctx.cfg.run_dir, state.step, rows)
+        writer.table(state.step, rows)  # the trackers mirror completions/
     if want_table:
         G = rollout.group_size
         console.table(f"rollout {state.rollout}", rows[:: max(G // 2, 1)][: lc.table_rows])
