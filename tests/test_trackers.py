@@ -231,7 +231,7 @@ def test_config_is_the_runs_config(straight):
     _, run = mlflow_client(straight)
     assert run.data.params["rollout.group_size"] == "4" and run.data.params["schedule.num_minibatches"] == "4"
     db = sqlite3.connect(straight.parent / "trackio" / "gspo.db")
-    (text,), = db.execute("select config from configs")
+    ((text,),) = db.execute("select config from configs").fetchall()  # one run, one config
     db.close()
     assert json.loads(text)["rollout"]["group_size"] == 4
 
