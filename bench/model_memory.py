@@ -204,6 +204,8 @@ def _build_model(args: argparse.Namespace, device: Any, dtype: Any) -> Any:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from gspo.models import set_activation_checkpointing
+
     shape = _shape(args)
     config = Qwen2Config(
         vocab_size=shape["vocab"],
@@ -222,7 +224,7 @@ def _build_model(args: argparse.Namespace, device: Any, dtype: Any) -> Any:
     model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
     model.train()  # checkpointing only acts in training mode; attention dropout is 0
     if not args.no_grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_activation_checkpointing(model, True)
     model.config.use_cache = False
     return model
 

@@ -8,6 +8,7 @@ from archs import NAMES, build_arch
 
 import gspo.logprobs
 from gspo.logprobs import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
+from gspo.models import set_activation_checkpointing
 from gspo.rollout import decode
 from gspo.tiny import build_char_tokenizer, build_tiny_model
 
@@ -129,7 +130,7 @@ def test_falls_back_or_skips_the_second_call(tok, case):
         ids[:, 5] = torch.arange(len(ids)) + 4
     ref = naive_token_logprobs(model, ids, mask, t).detach()
     if case == "checkpointing":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_activation_checkpointing(model, True)
         model.train()
     calls, handle = _body_calls(model)
     try:
@@ -137,7 +138,7 @@ def test_falls_back_or_skips_the_second_call(tok, case):
         lp.sum().backward()
     finally:
         handle.remove()
-        model.gradient_checkpointing_disable()
+        set_activation_checkpointing(model, False)
         model.eval()
     torch.testing.assert_close(lp.detach(), ref, rtol=0, atol=1e-5)
     one = (ids.shape[0], ids.shape[1] - 1)  # one forward: every column but the last (it predicts nothing)

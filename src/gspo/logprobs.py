@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gspo.models import _unwrap, position_ids_from_mask
+from gspo.models import CACHE_KWARG, _unwrap, is_activation_checkpointing, position_ids_from_mask
 
 # ----------------------------------------------------------------------------- LM head pieces
 
@@ -139,7 +139,7 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
     length = input_ids.shape[1]
     p = length - t
     body = _decoder_body(model)
-    if body is None or getattr(_unwrap(model), "is_gradient_checkpointing", False):
+    if body is None or is_activation_checkpointing(model):
         return None  # (checkpointed layers drop the cache)
     cache = DynamicCache(config=_text_config(_unwrap(model)))
     if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
@@ -153,14 +153,14 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
     try:
         _announce(first, cut, attention_mask[first, cut:p], inverse)
         out = body(input_ids=input_ids[first, cut:p], attention_mask=attention_mask[first, cut:p],
-                   position_ids=position_ids[first, cut:p], past_key_values=cache, use_cache=True)
+                   position_ids=position_ids[first, cut:p], **{CACHE_KWARG: cache}, use_cache=True)
         last = out.last_hidden_state[:, -1:]  # (k, 1, H): predicts y_1
         if t == 1:
             return last[inverse]
         cache.batch_select_indices(inverse)  # (k, ...) -> (N, ...)
         _announce(None, p, attention_mask[:, p : length - 1], None)
         out = body(input_ids=input_ids[:, p : length - 1], attention_mask=attention_mask[:, cut : length - 1],
-                   position_ids=position_ids[:, p : length - 1], past_key_values=cache, use_cache=True)
+                   position_ids=position_ids[:, p : length - 1], **{CACHE_KWARG: cache}, use_cache=True)
     finally:
         _announce(None, 0, None, None)
     return torch.cat([last[inverse], out.last_hidden_state], dim=1)  # (N, T, H)

@@ -4,6 +4,7 @@ log-probabilities are computed in `gspo.logprobs`."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 from contextlib import contextmanager
@@ -117,7 +118,7 @@ def set_trainer_mode(model, *, dropout: bool) -> None:
     on the very same weights, and that noise enters the ratio s_i, whose clip range is 3e-4
     (GSPO.md, §5.1). Layers that checkpoint their activations are the exception: transformers
     recomputes a layer only in training mode, so those layers alone (not their children) are
-    put in training mode, and `gradient_checkpointing_enable` then acts on a loaded checkpoint
+    put in training mode, and `set_activation_checkpointing` then acts on a loaded checkpoint
     as on a built one. With `dropout`, the whole model is in training mode (the checkpoint's
     dropout acts in every trainer pass; the sampler stays in eval mode, see `eval_mode`)."""
     if dropout:
@@ -208,3 +209,32 @@ def _unwrap(model):
     """The transformers model inside a PEFT wrapper (LoRA layers stay injected in place)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
+
+
+# ----------------------------------------------------------------------------- transformers' names
+# Each release in pyproject's tested range is called by its own names, never by a deprecated alias.
+_TRANSFORMERS = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", importlib.metadata.version("transformers")).groups())
+# 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns, and goes in 5.40).
+CACHE_KWARG = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
+# 5.23 renamed gradient checkpointing to activation checkpointing (the old names warn, and go in v6).
+_ACTIVATION_CHECKPOINTING = _TRANSFORMERS >= (5, 23)
+
+
+def set_activation_checkpointing(model, enabled: bool) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant), or stop."""
+    kwargs = {"use_reentrant": False}
+    if _ACTIVATION_CHECKPOINTING and enabled:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif _ACTIVATION_CHECKPOINTING:
+        model.activation_checkpointing_disable()
+    elif enabled:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def is_activation_checkpointing(model) -> bool:
+    """Whether a layer of the transformers model inside `model` (PEFT-wrapped or not) recomputes
+    its activations in the backward pass."""
+    name = "is_activation_checkpointing" if _ACTIVATION_CHECKPOINTING else "is_gradient_checkpointing"
+    return bool(getattr(_unwrap(model), name, False))

@@ -255,7 +255,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     from transformers import DynamicCache
 
     from gspo.logprobs import prompt_groups
-    from gspo.models import position_ids_from_mask
+    from gspo.models import CACHE_KWARG, position_ids_from_mask
 
     n, device = ids.shape[0], ids.device
     eos = torch.tensor(list(eos_token_ids), device=device)
@@ -264,7 +264,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     cache = DynamicCache(config=getattr(model, "config", None))
     pos = position_ids_from_mask(mask)
     first, inverse = prompt_groups(ids, mask, ids.shape[1])  # a group's rows share one prompt
-    out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=pos[first], past_key_values=cache,
+    out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=pos[first], **{CACHE_KWARG: cache},
                 use_cache=True, logits_to_keep=1)  # the prefill runs each distinct prompt once
     logits = out.logits[inverse]  # (n, 1, V)
     if len(first) < n:
@@ -286,7 +286,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
             cache.batch_select_indices(keep)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-        logits = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=cache,
+        logits = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, **{CACHE_KWARG: cache},
                        use_cache=True, logits_to_keep=1).logits
         next_pos = next_pos + 1
     return tokens[:, :used], logps[:, :used]

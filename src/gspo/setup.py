@@ -23,7 +23,8 @@ from gspo import distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
 from gspo.distributed import Dist
-from gspo.models import load_policy, resolve_device, set_trainer_mode, use_cpu_gqa_attention
+from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
+                         use_cpu_gqa_attention)
 from gspo.logprobs import LogprobModule
 from gspo.reward_runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
@@ -111,7 +112,7 @@ def build_policy(cfg: Config, device: torch.device | None = None):
                                  trust_remote_code=m.trust_remote_code)
     use_cpu_gqa_attention(model)  # a no-op off the CPU or without grouped-query attention
     if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_activation_checkpointing(model, True)
         model.config.use_cache = False
     if cfg.lora.enabled:
         import peft
