@@ -34,7 +34,7 @@ columns, Mc = real completion tokens in it; N = weights of the decoder layers' L
 QK^T and PV are 2 A L^2 each in the forward; torch's CPU flash-attention backward recomputes
 QK^T and does four more L^2 products, 10 A L^2, so 14 executed against the textbook 12 (no
 recomputation). The mask is a padding mask, not is_causal, so the full L x L square is counted.
-pi_old runs on the rows outside the first minibatch (train.old_logprobs(skip=plan[0]); the
+pi_old runs on the rows outside the first minibatch (the plan's old_forwards; the
 first minibatch's forward in the update is its pi_old), so it is ~3/4 of a full pass with 4
 minibatches. The LM head runs only on the Mc real completion tokens (gspo.logprobs.token_logprobs), under
 activation checkpointing in the update: forward 2, recomputed forward 2, backward 4 = 8 H V
@@ -161,36 +161,30 @@ def sorted_positions(rollout, groups, size: int) -> int:
     return total
 
 
-def step_flops(ctx, rollout, rollout_index: int) -> dict:
-    """FLOPs of one step's phases from its rollout, chunked as generate / old_logprobs / update
-    chunk it; also the update's computed positions and how many are padding."""
+def step_flops(run, rollout, rollout_index: int) -> dict:
+    """FLOPs of one step's phases from its rollout, chunked as generate / the plan's π_old pass /
+    its micro-batches chunk it; also the update's computed positions and how many are padding."""
     import torch
 
     from gspo import train
 
-    d = model_dims(ctx.model)
+    d = model_dims(run.policy)
     n = rollout.num_samples
     T = rollout.completion_ids.shape[1]
     from gspo.logprobs import prompt_groups
 
     gen = 0
-    chunk = ctx.generator.batch_size or n
-    share = getattr(ctx.trainer, "share_prompt", False)
+    chunk = run.generator.batch_size or n
+    share = getattr(run.trainer, "share_prompt", False)
     for s in range(0, n, chunk):
         mask, ids = rollout.prompt_mask[s:s + chunk], rollout.prompt_ids[s:s + chunk]
         P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
         k = len(prompt_groups(ids, mask, mask.shape[1])[0])
         gen += generate_flops(d, mask.shape[0], P, T, k)
-    plan = train.minibatches(ctx, rollout_index, n)
-    rows = torch.arange(n)
-    keep = torch.ones(n, dtype=torch.bool)
-    keep[plan[0]] = False  # train.old_logprobs(skip=plan[0]): the first minibatch's forward in update is pi_old
-    # as train.old_logprobs: forwards of minibatch size, rows sorted by completion length
-    mbs = ctx.cfg.schedule.micro_batch_size or max(n // ctx.cfg.schedule.num_minibatches, 1)
-    rest = rows[keep]
-    rest = rest[rollout.completion_lengths.cpu()[rest].argsort(stable=True)]
+    # the plan learn ran (bench steps run every row: skip_zero_advantage is off in this bench)
+    plan = train.make_plan(run, rollout, torch.ones(n), train.TrainerState(rollout=rollout_index))
     old = old_positions = old_total = old_real = 0
-    for idx in (rest.split(mbs) if ctx.old_logp == "trainer" else []):
+    for idx in (f for f in plan.old_forwards if f is not None):
         part = rollout.select(idx)
         old += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
                           int(part.completion_mask.sum()), train=False, share=share)
@@ -198,9 +192,9 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
         old_total += part.input_ids.numel()
         old_real += int(part.attention_mask.sum())
     upd = upd_model = positions = real = micro = 0
-    for mb in plan:
-        for mi in mb.split(ctx.cfg.schedule.micro_batch_size or len(mb)):
-            part = rollout.select(mi)
+    for mb in plan.minibatches:
+        for mi in mb.micro:
+            part = rollout.select(mi.rows)
             b, L = part.input_ids.shape
             mc = int(part.completion_mask.sum())
             upd += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1], mc, train=True,
@@ -214,7 +208,7 @@ def step_flops(ctx, rollout, rollout_index: int) -> dict:
             "update_positions": positions, "update_real_tokens": real, "update_micro_batches": micro,
             # decode row-steps: every row is run for all T steps, finished or not
             "generate_row_steps": n * T,
-            "update_positions_sorted4": sorted_positions(rollout, plan, 4), "generate_real_tokens": int(rollout.completion_mask.sum())}
+            "update_positions_sorted4": sorted_positions(rollout, [mb.rows for mb in plan.minibatches], 4), "generate_real_tokens": int(rollout.completion_mask.sum())}
 
 
 # ---------------------------------------------------------------- cross-check with FlopCounterMode
@@ -294,23 +288,24 @@ def step_cross_check(overrides: list[str] | None = None, threads: int = 0) -> di
     from gspo import train
 
     with tempfile.TemporaryDirectory(prefix="gspo-bench-flops-") as tmp:
-        _, ctx, _ = bench_step.build(None, [*QUICK, *(overrides or [])], threads=threads, steps=2, out_dir=tmp)
+        _, run, _ = bench_step.build(None, [*QUICK, *(overrides or [])], threads=threads, steps=2, out_dir=tmp)
         try:
-            bench_step.force_full_length(ctx)
+            bench_step.force_full_length(run)
             state = train.TrainerState()
-            bench_step.timed_step(ctx, state)
+            bench_step.timed_step(run, state)
             counters = {}
 
-            def wrap(phase):
-                counters[phase] = _counter()
-                return counters[phase]
+            def wrap(phase):  # one counter per call (the update phase is one call per minibatch)
+                counters.setdefault(phase, []).append(_counter())
+                return counters[phase][-1]
 
             index = state.rollout
-            _, rollout = bench_step.timed_step(ctx, state, wrap=wrap)
-            f = step_flops(ctx, rollout, index)
+            _, rollout = bench_step.timed_step(run, state, wrap=wrap)
+            f = step_flops(run, rollout, index)
         finally:
-            ctx.close()
-    return {p: {"counted": counters[p].get_total_flops(), "formula": f[f"flops_{p}"]} for p in PHASES}
+            run.close()
+    return {p: {"counted": sum(c.get_total_flops() for c in counters.get(p, [])), "formula": f[f"flops_{p}"]}
+            for p in PHASES}
 
 
 # ---------------------------------------------------------------- (a) matmul peak
@@ -375,9 +370,9 @@ def run(args, overrides: list[str]) -> dict:
     check_step = step_cross_check(threads=args.threads)
     steps = []
 
-    def on_step(ctx, rollout, rollout_index, rec):
-        rec.update(step_flops(ctx, rollout, rollout_index))
-        rec["dims"] = model_dims(ctx.model)
+    def on_step(run, rollout, rollout_index, rec):
+        rec.update(step_flops(run, rollout, rollout_index))
+        rec["dims"] = model_dims(run.policy)
         steps.append(rec)
 
     res = bench_step.measure(None, [*(QUICK if args.quick else DEFAULT), *overrides], threads=args.threads,

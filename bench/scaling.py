@@ -119,7 +119,7 @@ def run(args, extra: list[str]) -> dict:
                 ctxs.append((ctx, state))
                 for _ in range(args.warmup):
                     bench_step.timed_step(ctx, state)
-                info[i] = {"overrides": ov, "params": sum(p.numel() for p in ctx.model.parameters()),
+                info[i] = {"overrides": ov, "params": sum(p.numel() for p in ctx.policy.parameters()),
                            "samples": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
                            "max_new_tokens": cfg.rollout.max_new_tokens, "build_s": t_build}
             t_warm = time.perf_counter() - t_start

@@ -4,11 +4,11 @@
     python bench/step.py --threads 2 model.tiny_hidden_size=512 model.tiny_num_layers=4
     python bench/step.py --compare-threads                # 1 vs 2 threads x OMP_WAIT_POLICY (~8 min)
 
-The step is the one `gspo.train.train` runs, phase by phase, through the same functions:
-sampler.next_batch -> generator.generate -> train.score -> algo.group_advantages ->
-train.minibatches -> train.old_logprobs (skipping the first minibatch's rows, whose forward in
-the update is their pi_old) -> train.update (+ generator.sync_weights). Logging, checkpoints
-and evaluation are left out (eval is disabled). "other" is the step's wall time not spent in
+The step is the one `gspo.train.train` runs: `train.produce` (prompts -> generator.generate ->
+train.score -> advantages) then `train.learn` (train.make_plan -> train.old_logprobs, which
+skips the first minibatch's rows, whose forward in the update is their pi_old ->
+train.minibatch_step per minibatch -> push_weights), each phase timed where those functions
+are called (`phase_hooks`). Logging, checkpoints and evaluation are left out (eval is disabled). "other" is the step's wall time not spent in
 the four phases (prompt sampling and rendering, advantages, bookkeeping).
 
 The default config is the demo's GSPO phase (gspo.demo.DEMO_OVERRIDES: tiny Qwen3-style model,
@@ -40,6 +40,7 @@ steps (from /proc/stat), so that a cell disturbed by someone else's job shows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -94,70 +95,79 @@ def base_overrides(demo: bool = True) -> list[str]:
 
 
 def build(config: str | None, overrides: list[str], *, threads: int, steps: int, out_dir: str):
-    """(cfg, ctx, seconds to build): the run context `gspo.train.train` would build, for `steps`
-    rollouts, writing under `out_dir`. The caller closes ctx."""
+    """(cfg, run, seconds to build): the run `gspo.train.train` would build, for `steps`
+    rollouts, writing under `out_dir`. The caller closes the run."""
     from gspo.config import load_config
-    from gspo.setup import build_context
+    from gspo.setup import build_run
 
     cfg = load_config(config, [*base_overrides(demo=config is None), f"schedule.rollouts={steps}", f"threads={threads}",
                                f"output.dir={out_dir}", "output.name=bench", *overrides])
     t0 = time.perf_counter()
-    ctx = build_context(cfg)  # calls setup_threads(cfg.threads)
-    return cfg, ctx, time.perf_counter() - t0
+    run = build_run(cfg)  # calls setup_threads(cfg.threads)
+    return cfg, run, time.perf_counter() - t0
 
 
-def timed_step(ctx, state, wrap=None) -> tuple[dict, object]:
-    """One training step, phase by phase, through the functions `gspo.train.train` calls:
-    ({"step", "generate", "score", "pi_old", "update": seconds}, the step's Rollout).
-    `wrap(phase)`, if given, returns a context manager that each phase runs inside."""
-    import contextlib
+@contextlib.contextmanager
+def phase_hooks(run, wrap=None, on_push=None):
+    """Time (and, with `wrap(phase)`, run inside a context manager) each phase of the step that
+    `gspo.train.produce` and `learn` call by name: generate (the generator), score, pi_old (the
+    plan and the no-grad pass), update (the minibatch steps and the weight push). Yields the
+    dict of seconds per phase, summed over calls; `on_push()` runs after each weight push."""
+    from gspo import train
 
-    from gspo import algo, train
-    from gspo.rollout import chunk_seed
-
-    cfg = ctx.cfg
-    G = cfg.rollout.group_size
+    times = dict.fromkeys(PHASES, 0.0)
     wrap = wrap or (lambda phase: contextlib.nullcontext())
+
+    def timed(phase, fn, after=None):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            with wrap(phase):
+                out = fn(*a, **kw)
+            times[phase] += time.perf_counter() - t0
+            if after is not None:
+                after()
+            return out
+        return call
+
+    names = {"score": "score", "make_plan": "pi_old", "old_logprobs": "pi_old", "minibatch_step": "update",
+             "push_weights": "update"}
+    saved = {n: getattr(train, n) for n in names}
+    generate = run.generator.generate
+    run.generator.generate = timed("generate", generate)
+    for n, phase in names.items():
+        setattr(train, n, timed(phase, saved[n], on_push if n == "push_weights" else None))
+    try:
+        yield times
+    finally:
+        for n, fn in saved.items():
+            setattr(train, n, fn)
+        run.generator.generate = generate
+
+
+def timed_step(run, state, wrap=None) -> tuple[dict, object]:
+    """One training step, `gspo.train.produce` then `learn`, timed by phase (`phase_hooks`):
+    ({"step", "generate", "score", "pi_old", "update": seconds}, the step's Rollout)."""
+    from gspo import train
+
     t_step = time.perf_counter()
-    batch = ctx.sampler.next_batch()
-    prompts = [ctx.render(r["prompt"]) for r in batch]
-    t0 = time.perf_counter()
-    with wrap("generate"):
-        rollout = ctx.generator.generate(prompts, G, seed=chunk_seed(cfg.seed, state.rollout)).to(ctx.device)
-    t_gen = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with wrap("score"):
-        rewards = train.score(ctx, batch, rollout)
-    t_score = time.perf_counter() - t0
-    adv, _ = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
-    adv = adv.to(ctx.device)
-    t0 = time.perf_counter()
-    with wrap("pi_old"):
-        plan = train.minibatches(ctx, state.rollout, rollout.num_samples)
-        old_logp = train.old_logprobs(ctx, rollout, skip=plan[0],  # the first minibatch's rows: in update
-                                      need=train.signal_rows(ctx, adv))
-    t_old = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with wrap("update"):
-        train.update(ctx, rollout, old_logp, adv, state, plan, fill_first=ctx.old_logp == "trainer")
-        ctx.sync_sampler()
-    t_upd = time.perf_counter() - t0
+    with phase_hooks(run, wrap) as times:
+        scored = train.produce(run, state)
+        train.learn(run, scored, state)
     state.rollout += 1
-    dt = time.perf_counter() - t_step
-    return {"step": dt, "generate": t_gen, "score": t_score, "pi_old": t_old, "update": t_upd}, rollout
+    return {"step": time.perf_counter() - t_step, **times}, scored.rollout
 
 
-def force_full_length(ctx) -> None:
+def force_full_length(run) -> None:
     """Make every completion run to max_new_tokens: the generator's only EOS id becomes one past
     the vocabulary, which is never sampled (the model, its log-probs and the loss are unchanged;
     without it the random model ends ~1 completion in |V| per token with EOS)."""
-    vocab = ctx.model.get_output_embeddings().weight.shape[0]
-    ctx.generator.eos_token_ids = [int(vocab)]
+    vocab = run.policy.get_output_embeddings().weight.shape[0]
+    run.generator.eos_token_ids = [int(vocab)]
 
 
 def measure(config: str | None, overrides: list[str], *, threads: int, warmup: int, rollouts: int,
             repeats: int, prepare=None, on_step=None) -> dict:
-    """`prepare(ctx)` runs once after the context is built; `on_step(ctx, rollout, state, record)`
+    """`prepare(run)` runs once after the run is built; `on_step(run, rollout, state, record)`
     after each timed step may add keys to its record (the records are then returned too)."""
     import torch
 
@@ -165,28 +175,28 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
 
     steps_total = warmup + rollouts * repeats
     with tempfile.TemporaryDirectory(prefix="gspo-bench-step-") as tmp:
-        cfg, ctx, t_build = build(config, overrides, threads=threads, steps=steps_total, out_dir=tmp)
+        cfg, run, t_build = build(config, overrides, threads=threads, steps=steps_total, out_dir=tmp)
         state = train.TrainerState()
         records = []
         try:
             if prepare is not None:
-                prepare(ctx)
+                prepare(run)
             cpu0 = _cpu_sample()
             for i in range(steps_total):
                 rollout_index = state.rollout
-                times, rollout = timed_step(ctx, state)
+                times, rollout = timed_step(run, state)
                 if i == warmup - 1:
                     cpu0 = _cpu_sample()
                 if i >= warmup:
                     rec = {**times, "tokens": int(rollout.completion_mask.sum()),
                            "samples": rollout.num_samples, "max_len": rollout.completion_ids.shape[1]}
                     if on_step is not None:
-                        on_step(ctx, rollout, rollout_index, rec)
+                        on_step(run, rollout, rollout_index, rec)
                     records.append(rec)
             cpu1 = _cpu_sample()
         finally:
-            ctx.close()
-        n_params = sum(p.numel() for p in ctx.model.parameters())
+            run.close()
+        n_params = sum(p.numel() for p in run.policy.parameters())
     wall = cpu1[0] - cpu0[0]
     own = (cpu1[3] - cpu0[3]) / wall
     busy = (cpu1[1] - cpu0[1]) / wall

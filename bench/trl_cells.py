@@ -37,15 +37,15 @@ def _gspo_overrides(spec: dict, total: int, out_dir: str) -> list[str]:
 
 
 def _prompt_order(spec: dict, total: int) -> list[str]:
-    """The prompts gspo's sampler deals over `total` rollouts, in order (B per rollout)."""
+    """The prompts gspo's prompt stream deals over `total` rollouts, in order (B per rollout)."""
     from gspo.config import load_config
-    from gspo.data import PromptSampler
+    from gspo.data import PromptStream
     from gspo.setup import load_prompt_rows
 
     cfg = load_config(None, _gspo_overrides(spec, total, "/nonexistent"))
     rows, _ = load_prompt_rows(cfg)
-    sampler = PromptSampler(rows, spec["B"], seed=cfg.seed, shuffle=cfg.data.shuffle, rank=0, world_size=1)
-    return [r["prompt"] for _ in range(total) for r in sampler.next_batch()]
+    stream = PromptStream(rows, spec["B"], seed=cfg.seed, shuffle=cfg.data.shuffle, rank=0, world_size=1)
+    return [r["prompt"] for _ in range(total) for r in stream.next_batch()]
 
 
 class _Phases:
@@ -72,50 +72,37 @@ def run_gspo(spec: dict) -> dict:
 
     from gspo import train as gtrain
     from gspo.config import load_config
-    from gspo.setup import build_context
+    from gspo.setup import build_run
 
     sys.path.insert(0, str(BENCH))
+    from step import phase_hooks  # bench/step.py: the step's phases, timed where train calls them
+
     total = spec["warmup"] + spec["rollouts"]
-    phases, marks, snaps, tokens = _Phases(), _Marks(spec), [], []
+    marks, snaps, tokens = _Marks(spec), [], []
     with tempfile.TemporaryDirectory(prefix="trl-compare-gspo-") as tmp:
         t0 = time.perf_counter()
         cfg = load_config(None, _gspo_overrides(spec, total, tmp))
         cfg.rewards.functions[0].name = "trl_compare:bench_reward"
-        ctx = build_context(cfg)  # setup_threads(1)
+        run = build_run(cfg)  # setup_threads(1)
         torch.set_num_threads(1)
         t_setup = time.perf_counter() - t0
-
-        gen = ctx.generator.generate
+        gen = run.generator.generate
 
         def generate(*a, **kw):
-            t = time.perf_counter()
             r = gen(*a, **kw)
-            phases.add("generate", time.perf_counter() - t)
             tokens.append(int(r.completion_mask.sum()))
             return r
 
-        ctx.generator.generate = generate
-        sync = ctx.sync_sampler
-
-        def sync_sampler():
-            sync()
-            marks.append(time.perf_counter())
-            snaps.append(dict(phases.t))
-
-        ctx.sync_sampler = sync_sampler
-        saved = gtrain.score, gtrain.old_logprobs, gtrain.update
-        gtrain.score = phases.wrap("score", saved[0])
-        gtrain.old_logprobs = phases.wrap("pi_old", saved[1])
-        gtrain.update = phases.wrap("update", saved[2])
-        try:
-            marks.append(time.perf_counter())
-            snaps.append({})
-            gtrain.train(cfg, ctx=ctx)  # the final checkpoint + final/ come after the last mark
-        finally:
-            gtrain.score, gtrain.old_logprobs, gtrain.update = saved
-            if marks.prof:
-                marks.prof.disable()  # (already off unless the run failed)
-        n_params = sum(p.numel() for p in ctx.model.parameters())
+        run.generator.generate = generate
+        with phase_hooks(run, on_push=lambda: (marks.append(time.perf_counter()), snaps.append(dict(times)))) as times:
+            try:
+                marks.append(time.perf_counter())
+                snaps.append({})
+                gtrain.train(cfg, run=run)  # the final checkpoint + final/ come after the last mark
+            finally:
+                if marks.prof:
+                    marks.prof.disable()  # (already off unless the run failed)
+        n_params = sum(p.numel() for p in run.policy.parameters())
     return _cell_result("gspo", spec, marks, snaps, tokens, t_setup, n_params, torch.get_num_threads())
 
 

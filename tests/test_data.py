@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows, validate_rows
+from gspo.data import DataError, PromptStream, filter_long_prompts, format_prompt, load_rows, validate_rows
 from gspo.tasks import TASK_CHARS, TASKS, arithmetic, make_task, sorting
 
 ROWS = [
@@ -164,8 +164,8 @@ def ids(batch):
 
 
 def test_sampler_deterministic_and_epochs_are_permutations():
-    a = PromptSampler(ROWS100, 8, seed=3)
-    b = PromptSampler(ROWS100, 8, seed=3)
+    a = PromptStream(ROWS100, 8, seed=3)
+    b = PromptStream(ROWS100, 8, seed=3)
     first = [ids(a.next_batch()) for _ in range(12)]
     assert first == [ids(b.next_batch()) for _ in range(12)]
     epoch0 = sum(first[:12], [])
@@ -173,41 +173,41 @@ def test_sampler_deterministic_and_epochs_are_permutations():
     assert a.epoch == 0 and a.position == 96
     epoch1 = sum((ids(a.next_batch()) for _ in range(12)), [])
     assert a.epoch == 1 and len(set(epoch1)) == 96 and epoch1 != epoch0
-    assert ids(PromptSampler(ROWS100, 8, seed=4).next_batch()) != first[0]
+    assert ids(PromptStream(ROWS100, 8, seed=4).next_batch()) != first[0]
 
 
 def test_sampler_no_shuffle_in_order():
-    s = PromptSampler(ROWS100, 30, seed=0, shuffle=False)
+    s = PromptStream(ROWS100, 30, seed=0, shuffle=False)
     assert [ids(s.next_batch())[0] for _ in range(4)] == [0, 30, 60, 0]
     assert s.epoch == 1
 
 
 @pytest.mark.parametrize("stop", [0, 5, 11, 12, 13, 30])  # 12 steps per epoch: 11-13 straddle the boundary
 def test_sampler_resume_equals_uninterrupted(stop):
-    ref = PromptSampler(ROWS100, 8, seed=7)
+    ref = PromptStream(ROWS100, 8, seed=7)
     expected = [ids(ref.next_batch()) for _ in range(stop + 20)]
-    s = PromptSampler(ROWS100, 8, seed=7)
+    s = PromptStream(ROWS100, 8, seed=7)
     for _ in range(stop):
         s.next_batch()
     state = json.loads(json.dumps(s.state_dict()))
     assert all(type(v) is int for v in state.values())
-    resumed = PromptSampler(ROWS100, 8, seed=7)
+    resumed = PromptStream(ROWS100, 8, seed=7)
     resumed.load_state_dict(state)
     assert [ids(resumed.next_batch()) for _ in range(20)] == expected[stop:]
 
 
 def test_sampler_load_state_rejects_other_settings():
-    state = PromptSampler(ROWS100, 8, seed=7).state_dict()
+    state = PromptStream(ROWS100, 8, seed=7).state_dict()
     with pytest.raises(DataError, match="batch_size"):
-        PromptSampler(ROWS100, 4, seed=7).load_state_dict(state)
+        PromptStream(ROWS100, 4, seed=7).load_state_dict(state)
     with pytest.raises(DataError, match="num_rows"):
-        PromptSampler(ROWS100[:50], 8, seed=7).load_state_dict(state)
+        PromptStream(ROWS100[:50], 8, seed=7).load_state_dict(state)
 
 
 def test_sampler_ranks_disjoint_and_cover_global_batch():
     world = 3
-    samplers = [PromptSampler(ROWS100, 5, seed=1, rank=r, world_size=world) for r in range(world)]
-    single = PromptSampler(ROWS100, 15, seed=1)
+    samplers = [PromptStream(ROWS100, 5, seed=1, rank=r, world_size=world) for r in range(world)]
+    single = PromptStream(ROWS100, 15, seed=1)
     for _ in range(14):  # crosses the epoch boundary (6 global steps per epoch)
         per_rank = [ids(s.next_batch()) for s in samplers]
         assert sum(per_rank, []) == ids(single.next_batch())
@@ -216,11 +216,11 @@ def test_sampler_ranks_disjoint_and_cover_global_batch():
 
 def test_sampler_errors():
     with pytest.raises(DataError, match=r"4 rows, fewer than one global batch.*2 x world_size 3"):
-        PromptSampler(ROWS100[:4], 2, seed=0, world_size=3)
+        PromptStream(ROWS100[:4], 2, seed=0, world_size=3)
     with pytest.raises(DataError, match="rank"):
-        PromptSampler(ROWS100, 2, seed=0, rank=2, world_size=2)
+        PromptStream(ROWS100, 2, seed=0, rank=2, world_size=2)
     with pytest.raises(DataError, match="batch_size"):
-        PromptSampler(ROWS100, 0, seed=0)
+        PromptStream(ROWS100, 0, seed=0)
 
 
 # ------------------------------------------------------------------------------ tasks

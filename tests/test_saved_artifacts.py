@@ -18,7 +18,8 @@ from gspo.cli import main
 from gspo.config import load_config
 from gspo.evaluate import greedy_completions
 from gspo.models import eos_token_ids, load_policy
-from gspo.setup import build_context
+from gspo.data import format_prompt
+from gspo.setup import build_run
 
 RUN = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "schedule.rollouts=1",
        "schedule.num_minibatches=2", "eval.enabled=true", "eval.num_prompts=4", "data.eval_num_prompts=4",
@@ -183,10 +184,10 @@ def test_prompt_ids_hold_the_tokenizers_bos_once(family, kind, saved, tmp_path):
     if kind == "chat":
         data = [f"data.source={artifacts.write_chat_jsonl(tmp_path / 'chat.jsonl')}", "data.prompt_column=messages"]
     cfg = load_config(None, [f"model.name_or_path={src}", *RUN, *data, f"output.dir={tmp_path}", "output.name=x"])
-    ctx = build_context(cfg)
+    ctx = build_run(cfg)
     try:
         tok, bos = ctx.tokenizer, ctx.tokenizer.bos_token_id
-        texts = [ctx.render(r["prompt"]) for r in ctx.sampler.rows[:4]]
+        texts = [format_prompt(r["prompt"], ctx.tokenizer) for r in ctx.prompts.rows[:4]]
 
         def want(text: str) -> list[int]:
             plain = tok(text, add_special_tokens=False)["input_ids"]
@@ -199,14 +200,14 @@ def test_prompt_ids_hold_the_tokenizers_bos_once(family, kind, saved, tmp_path):
         assert sampled == [want(t) for t in texts]
 
         seen = []
-        generate = ctx.model.generate
+        generate = ctx.policy.generate
 
         def spy(**kw):
             seen.extend(ids[m.bool()].tolist() for ids, m in zip(kw["input_ids"], kw["attention_mask"]))
             return generate(**kw)
 
-        ctx.model.generate = spy
-        greedy_completions(ctx.model, tok, texts, max_new_tokens=2)
+        ctx.policy.generate = spy
+        greedy_completions(ctx.policy, tok, texts, max_new_tokens=2)
         assert seen == [want(t) for t in texts]
     finally:
         ctx.close()

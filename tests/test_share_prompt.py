@@ -213,13 +213,13 @@ def test_trainer_shares_unless_told_not_to(tmp_path):
     """On by default, MoE models that record routes included (the route record follows the split
     forward: tests/test_routing.py)."""
     from gspo.config import load_config
-    from gspo.setup import build_context
+    from gspo.setup import build_run
 
     base = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8",
             "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.enabled=false", "logging.console=false",
             f"output.dir={tmp_path}"]
     for extra, expected in ([[], True], [["model.share_prompt=false"], False], [["model.tiny_moe=true"], True]):
-        ctx = build_context(load_config(None, [*base, *extra, f"output.name=r{len(extra)}{expected}"]))
+        ctx = build_run(load_config(None, [*base, *extra, f"output.name=r{len(extra)}{expected}"]))
         try:
             assert ctx.trainer.share_prompt is expected, extra
             assert (ctx.routes is not None) == ("model.tiny_moe=true" in extra)

@@ -180,32 +180,45 @@ def test_overlong_prompts_are_dropped_and_counted(tmp_path, capsys):
 def _step_inputs(tmp_path, *extra):
     import torch
 
-    from gspo import algo
-    from gspo.rollout import chunk_seed
-    from gspo.setup import build_context
-    from gspo.train import TrainerState, minibatches, score
+    from gspo.setup import build_run
+    from gspo.train import TrainerState, minibatches, produce
 
     cfg = load_config(None, [*TINY, "eval.enabled=false", "rollout.old_logp=trainer",
                              "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]",
                              "schedule.skip_zero_advantage=false", f"output.dir={tmp_path}", *extra])
-    ctx = build_context(cfg)
-    batch = ctx.sampler.next_batch()
-    rollout = ctx.generator.generate([ctx.render(r["prompt"]) for r in batch], cfg.rollout.group_size,
-                                     seed=chunk_seed(cfg.seed, 0))
-    adv, _ = algo.group_advantages(score(ctx, batch, rollout).rewards, cfg.rollout.group_size)
-    return ctx, rollout, adv, minibatches(ctx, 0, rollout.num_samples), TrainerState(), torch
+    run = build_run(cfg)
+    scored = produce(run, TrainerState())
+    return run, scored.rollout, scored.advantages, minibatches(run, 0, scored.rollout.num_samples), TrainerState(), torch
+
+
+def _plan(run, rollout, adv, state, old_rows=None):
+    """The rollout's plan; with `old_rows`, its π_old pass runs exactly those rows (one forward)."""
+    import dataclasses
+
+    from gspo.train import make_plan
+
+    plan = make_plan(run, rollout, adv, state)
+    return plan if old_rows is None else dataclasses.replace(plan, old_forwards=[old_rows])
+
+
+def _update(run, rollout, old_logp, adv, state, plan):
+    """Every minibatch step of the plan, as `learn` runs them."""
+    from gspo.train import minibatch_step
+
+    return [minibatch_step(run, rollout, old_logp, adv, mb, state, first=k == 0, skips=plan.skips)
+            for k, mb in enumerate(plan.minibatches)]
 
 
 def test_first_minibatch_forward_is_pi_old_for_its_rows(tmp_path):
     """old_logprobs skips the first minibatch; update fills it from its own pre-step forward,
     which must equal what the separate pi_old pass gives for those rows."""
-    from gspo.train import old_logprobs, update
+    from gspo.train import old_logprobs
 
     ctx, rollout, adv, plan, state, torch = _step_inputs(tmp_path, "schedule.num_minibatches=2")
-    full = old_logprobs(ctx, rollout)
-    part = old_logprobs(ctx, rollout, skip=plan[0])
+    full = old_logprobs(ctx, rollout, _plan(ctx, rollout, adv, state, torch.arange(rollout.num_samples)))
+    part = old_logprobs(ctx, rollout, _plan(ctx, rollout, adv, state))
     assert (part[plan[0]] == 0).all() and torch.equal(part[plan[1]], full[plan[1]])
-    steps = update(ctx, rollout, part, adv, state, plan, fill_first=True)
+    steps = _update(ctx, rollout, part, adv, state, _plan(ctx, rollout, adv, state))
     mask = rollout.completion_mask.bool()
     torch.testing.assert_close(part[mask], full[mask], atol=1e-5, rtol=0)
     # its ratio is exactly 1: pi_theta = pi_old, bit for bit
@@ -218,7 +231,7 @@ def test_zero_advantage_rows_leave_the_passes_and_change_nothing(tmp_path, level
     """schedule.skip_zero_advantage: rows with A = 0 run in neither the pi_old pass nor the
     update, and the update is the same: losses, gradient norms, parameters. The second minibatch
     is all zeros: it still takes its AdamW step (zero gradient, momentum from the first)."""
-    from gspo.train import old_logprobs, signal_rows, update
+    from gspo.train import old_logprobs
 
     results = []
     for skip in (False, True):
@@ -231,11 +244,10 @@ def test_zero_advantage_rows_leave_the_passes_and_change_nothing(tmp_path, level
         assert (adv[plan[0]] != 0).any()
         ran = []
         h = ctx.trainer.register_forward_hook(lambda m, a, o: ran.append(a[0].shape[0]))
-        signal = signal_rows(ctx, adv)
-        steps = update(ctx, rollout, old_logprobs(ctx, rollout, skip=plan[0], need=signal), adv, state, plan,
-                       fill_first=True)
+        the_plan = _plan(ctx, rollout, adv, state)
+        steps = _update(ctx, rollout, old_logprobs(ctx, rollout, the_plan), adv, state, the_plan)
         h.remove()
-        params = {k: p.detach().clone() for k, p in ctx.model.named_parameters()}
+        params = {k: p.detach().clone() for k, p in ctx.policy.named_parameters()}
         results.append((steps, params, ran))
         ctx.close()
     (full, p_full, ran_full), (skipped, p_skip, ran_skip) = results
@@ -253,10 +265,10 @@ def test_zero_advantage_rows_leave_the_passes_and_change_nothing(tmp_path, level
 def test_on_policy_schedule_runs_no_separate_pi_old_pass(tmp_path):
     from gspo.train import old_logprobs
 
-    ctx, rollout, _, plan, _, torch = _step_inputs(tmp_path, "schedule.num_minibatches=1")
+    ctx, rollout, adv, plan, state, torch = _step_inputs(tmp_path, "schedule.num_minibatches=1")
     calls = []
     h = ctx.trainer.register_forward_hook(lambda *a: calls.append(1))
-    out = old_logprobs(ctx, rollout, skip=plan[0])
+    out = old_logprobs(ctx, rollout, _plan(ctx, rollout, adv, state))
     h.remove()
     assert calls == [] and (out == 0).all()
     ctx.close()
@@ -267,7 +279,7 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
     fractions are token-weighted, ratio min / max are the min / max (not averages)."""
     import dataclasses
 
-    from gspo.train import old_logprobs, update
+    from gspo.train import old_logprobs
 
     results = []
     for i, micro in enumerate((0, 1)):
@@ -276,8 +288,8 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
         lengths = torch.arange(rollout.num_samples) % rollout.completion_ids.shape[1] + 1  # 1..T, uneven
         keep = (torch.arange(rollout.completion_ids.shape[1])[None, :] < lengths[:, None]).long()
         rollout = dataclasses.replace(rollout, completion_mask=rollout.completion_mask * keep)
-        results.append(update(ctx, rollout, old_logprobs(ctx, rollout, skip=plan[0]), adv, state, plan,
-                              fill_first=True))
+        the_plan = _plan(ctx, rollout, adv, state)
+        results.append(_update(ctx, rollout, old_logprobs(ctx, rollout, the_plan), adv, state, the_plan))
         ctx.close()
     whole, split = results
     for k in ("clip/token_frac", "kl/approx", "ratio/seq_min", "ratio/seq_max", "clip/seq_frac", "loss"):

@@ -436,3 +436,56 @@ def load_checkpoint(path, *, model: torch.nn.Module, optimizer=None, scheduler=N
     except Exception as e:
         raise CheckpointError(f"could not load checkpoint {path}: {type(e).__name__}: {e}") from e
     return trainer_state
+
+
+# ----------------------------------------------------------------------------- a training run's state
+
+
+def save_run(run, state) -> Path:
+    """Checkpoint a training run (`gspo.setup.Run`) after `state.step` optimizer steps: the
+    policy (the adapters alone with LoRA on one process), optimizer, scheduler, trainer state,
+    every rank's RNG and the resolved config; sharded by `torch.distributed.checkpoint` under
+    FSDP2."""
+    from dataclasses import asdict
+
+    from gspo import distributed
+    from gspo.config import to_yaml
+
+    d, cfg = run.dist, run.cfg
+    sharded = d.enabled and d.strategy == "fsdp"
+    write = (lambda p: distributed.save_sharded(p, run.trainer, run.optimizer, d)) if sharded else None
+    return save_checkpoint(cfg.run_dir, state.step, model=run.policy, optimizer=run.optimizer,
+                           scheduler=run.scheduler, trainer_state=asdict(state), config_text=to_yaml(cfg),
+                           keep_last=cfg.checkpoint.keep_last, trainable_only=cfg.lora.enabled and not sharded,
+                           comm=d if d.enabled else None, write_state=write)
+
+
+def restore_run(run, path: Path) -> dict:
+    """Load `path` into the run and push the weights to the generator; returns the trainer state."""
+    from gspo import distributed
+    from gspo.setup import push_weights
+
+    sharded = run.dist.enabled and run.dist.strategy == "fsdp"
+    read = (lambda p: distributed.load_sharded(p, run.trainer, run.optimizer)) if sharded else None
+    state = load_checkpoint(path, model=run.policy, optimizer=run.optimizer, scheduler=run.scheduler,
+                            read_state=read, rank=run.dist.rank)
+    if "sampler" in state:  # checkpoints written before the prompt stream's position was named "prompts"
+        state["prompts"] = state.pop("sampler")
+    push_weights(run)
+    return state
+
+
+def save_final(run) -> Path:
+    """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
+    tokenizer; with LoRA also the adapters alone in final/adapter."""
+    out = run.cfg.run_dir / "final"
+    if run.dist.is_main:
+        model = run.generator_model  # full weights on every strategy (pushed after the last update)
+        if run.cfg.lora.enabled:
+            model.save_pretrained(out / "adapter", safe_serialization=True)
+            if run.cfg.lora.merge_final:
+                model = model.merge_and_unload()  # training is over: merge in place
+        model.save_pretrained(out, safe_serialization=True)
+        run.tokenizer.save_pretrained(out)
+    run.dist.barrier()
+    return out

@@ -1,4 +1,4 @@
-"""Prompt sources and the prompt sampler.
+"""Prompt sources and the prompt stream.
 
 A dataset here is a list of row dicts. Every row has a "prompt" (plain text, or a chat: a list
 of {"role", "content"} messages) and any other columns (answers, tests, ...), which pass through
@@ -6,7 +6,7 @@ untouched and reach the reward functions as keyword columns.
 
 `load_rows` reads JSONL, Parquet or a `datasets` save_to_disk folder; `format_prompt` turns a
 prompt into the text the policy sees; `filter_long_prompts` drops prompts over a token budget;
-`PromptSampler` deals out batches endlessly, deterministically and resumably. Built-in offline
+`PromptStream` deals out batches endlessly, deterministically and resumably. Built-in offline
 tasks live in `gspo.tasks`.
 """
 
@@ -235,10 +235,10 @@ def filter_long_prompts(
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling
+# The prompt stream
 
 
-class PromptSampler:
+class PromptStream:
     """Endless batches of rows, epoch after epoch, the same on every run with the same seed.
 
     Epoch e visits the rows in the order `numpy.random.default_rng([seed, e]).permutation(n)`
@@ -248,7 +248,7 @@ class PromptSampler:
     When fewer rows than one global batch remain in an epoch they are skipped that epoch (a
     fresh permutation puts different rows last next time) and the next epoch starts.
 
-    `state_dict()` / `load_state_dict()` capture the position exactly: a sampler restored from
+    `state_dict()` / `load_state_dict()` capture the position exactly: a stream restored from
     a state dict yields the same batches as one that never stopped.
     """
 
@@ -263,20 +263,20 @@ class PromptSampler:
         world_size: int = 1,
     ):
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise DataError(f"PromptSampler: batch_size must be a positive int, got {batch_size!r}")
+            raise DataError(f"PromptStream: batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(world_size, int) or world_size < 1:
-            raise DataError(f"PromptSampler: world_size must be a positive int, got {world_size!r}")
+            raise DataError(f"PromptStream: world_size must be a positive int, got {world_size!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise DataError(f"PromptSampler: rank must be in [0, {world_size}), got {rank!r}")
+            raise DataError(f"PromptStream: rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(seed, int) or seed < 0:
-            raise DataError(f"PromptSampler: seed must be a non-negative int, got {seed!r}")
+            raise DataError(f"PromptStream: seed must be a non-negative int, got {seed!r}")
         self.rows = list(rows)
         self.batch_size, self.seed, self.shuffle = batch_size, seed, bool(shuffle)
         self.rank, self.world_size = rank, world_size
         self.global_batch_size = batch_size * world_size
         if len(self.rows) < self.global_batch_size:
             raise DataError(
-                f"PromptSampler: the dataset has {len(self.rows)} rows, fewer than one global batch "
+                f"PromptStream: the dataset has {len(self.rows)} rows, fewer than one global batch "
                 f"(batch_size {batch_size} x world_size {world_size} = {self.global_batch_size})"
             )
         self._epoch, self._position = 0, 0
@@ -339,11 +339,11 @@ class PromptSampler:
         for key in ("num_rows", "seed", "batch_size", "world_size", "shuffle"):
             if key in state and int(state[key]) != mine[key]:
                 raise DataError(
-                    f"PromptSampler.load_state_dict: saved {key}={state[key]} but this sampler has "
+                    f"PromptStream.load_state_dict: saved {key}={state[key]} but this stream has "
                     f"{key}={mine[key]}; an exact resume needs the same data and settings"
                 )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self.rows):
-            raise DataError(f"PromptSampler.load_state_dict: bad epoch/position {epoch}/{position}")
+            raise DataError(f"PromptStream.load_state_dict: bad epoch/position {epoch}/{position}")
         self._epoch, self._position = epoch, position
         self._order = self._permutation(epoch)

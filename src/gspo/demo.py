@@ -19,7 +19,7 @@ import torch
 
 from gspo.config import load_config
 from gspo.data import encode_texts
-from gspo.setup import build_context, load_prompt_rows, seed_everything, setup_threads
+from gspo.setup import build_run, load_prompt_rows, seed_everything, setup_threads
 
 # The demo's GSPO phase. Everything else is the library's default (GSPO, paper clip ranges,
 # 4 minibatches per rollout).
@@ -99,9 +99,9 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
     from gspo.train import train
 
     cfg.model.name_or_path = str(warm_dir)
-    ctx = build_context(cfg)
+    run = build_run(cfg)
     t0 = time.time()
-    train(cfg, ctx=ctx)
+    train(cfg, run=run)
     t_rl = time.time() - t0
 
     # 4. accuracy after, measured on the saved final model
@@ -113,7 +113,7 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
         "accuracy_before_rl": round(before, 4),
         "accuracy_after_rl": round(after, 4),
         "accuracy_gain_points": round(100 * (after - before), 1),
-        "eval_prompts": len(ctx.eval_rows[: cfg.eval.num_prompts]),
+        "eval_prompts": len(run.eval_rows[: cfg.eval.num_prompts]),
         "warmup_seconds": round(t_warm, 1),
         "rl_seconds": round(t_rl, 1),
         "seconds": round(time.time() - t_start, 1),

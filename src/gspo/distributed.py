@@ -172,9 +172,9 @@ def wrap_for_training(module: torch.nn.Module, model, d: Dist, *, mixed_precisio
     return module
 
 
-def sampler_copy(model, d: Dist):
-    """FSDP2 shards the trainer's parameters, so the HF sampler gets its own full copy
-    (refreshed by `full_state_dict` after every update). None when the sampler can share the
+def generator_copy(model, d: Dist):
+    """FSDP2 shards the trainer's parameters, so the generator gets its own full copy
+    (refreshed by `full_state_dict` after every update). None when the generator can share the
     trainer's module (one process, DDP)."""
     if d.enabled and d.strategy == "fsdp":
         return copy.deepcopy(model)

@@ -76,3 +76,20 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
         correct = (first_k >= 1.0 - 1e-9).view(len(rows), n).sum(-1)
         m[f"eval/pass@{pass_k}"] = sum(pass_at_k(n, int(c), pass_k) for c in correct) / len(rows)
     return m
+
+
+def evaluate_run(run) -> dict:
+    """A training run's held-out metrics (`gspo.setup.Run`), computed by rank 0 alone (other
+    ranks return {}), on the generator's copy of the weights (full on every strategy)."""
+    if not run.eval_rows or not run.dist.is_main:
+        return {}
+    from gspo.setup import hf_generator
+
+    cfg = run.cfg
+    generator = run.generator
+    if cfg.rollout.backend == "vllm" and run.dist.world_size > 1:
+        # vLLM's data-parallel ranks step together: rank 0 cannot sample alone
+        generator = hf_generator(cfg, run.generator_model, run.tokenizer)
+    return evaluate(run.generator_model, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
+                    max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator,
+                    chat=run.chat)

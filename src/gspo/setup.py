@@ -1,4 +1,4 @@
-"""Turn a validated `Config` into the objects one training step needs (`RunContext`).
+"""Turn a validated `Config` into the parts of a run (`Run`, by `build_run`).
 
 Everything that can be wrong with the input is checked here, cheapest first, before any model
 loads: the run directory is writable, reward names resolve, the data loads and has its prompt
@@ -11,7 +11,7 @@ import math
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,14 @@ import torch
 from gspo import checkpoint as ckpt
 from gspo import distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
-from gspo.data import DataError, PromptSampler, filter_long_prompts, format_prompt, load_rows
+from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
 from gspo.distributed import Dist
 from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
                          use_cpu_gqa_attention)
 from gspo.logprobs import LogprobModule
 from gspo.reward_runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
-from gspo.rollout import HFGenerator, Rollout
+from gspo.rollout import HFGenerator
 from gspo.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS, make_task
 
@@ -142,100 +142,35 @@ def lr_lambda(cfg: Config):
 
 
 @dataclass
-class RunContext:
-    """What one training step needs, built once from the config.
+class Run:
+    """The parts of a training run, built once from the config by `build_run`; the step
+    (`gspo.train`) holds the behaviour.
 
-    `model` is the policy as transformers (or peft) built it; `trainer` is the module the loss
-    runs through (`LogprobModule` around `model`, sharded by FSDP2 or wrapped by DDP under
-    torchrun); `sampler_model` is what the generator samples from: `model` itself, or under
-    FSDP2 a full copy refreshed after every update."""
+    `policy` is the model as transformers (or peft) built it; `trainer` is the module the loss
+    runs through (`LogprobModule` around `policy`, sharded by FSDP2 or wrapped by DDP under
+    torchrun); `generator_model` is the module the generator samples from: `policy` itself, or
+    under FSDP2 a full copy that `push_weights` refreshes after every update."""
 
     cfg: Config
-    model: Any
+    dist: Dist
+    policy: Any
     trainer: Any
-    sampler_model: Any
+    generator_model: Any
     tokenizer: Any
     generator: Any
     rewards: RewardRunner
-    sampler: PromptSampler
+    prompts: PromptStream
     eval_rows: list
     optimizer: torch.optim.Optimizer
     scheduler: Any
     chat: bool
-    dist: Dist
-    routes: Any = None  # gspo.routing.RouteTracker on a MoE model
-    old_logp: str = "trainer"  # rollout.old_logp resolved: trainer | sampler
-    resume_from: Path | None = None
+    old_logp: str                     # rollout.old_logp resolved: trainer | sampler
+    routes: Any = None                # gspo.routing.RouteTracker on a MoE model
+    resume_from: Path | None = None   # the checkpoint to resume from
 
     @property
     def device(self) -> torch.device:
         return self.dist.device
-
-    @property
-    def sharded(self) -> bool:
-        return self.dist.enabled and self.dist.strategy == "fsdp"
-
-    def render(self, prompt) -> str:
-        return format_prompt(prompt, self.tokenizer)
-
-    def logprobs(self, part: Rollout) -> torch.Tensor:
-        """Per-token log-probs of the completion tokens at the sampling temperature. (b, T)"""
-        return self.trainer(part.input_ids.to(self.device), part.attention_mask.to(self.device),
-                            part.completion_ids.shape[1])
-
-    def sync_sampler(self) -> None:
-        """After an update: give the sampler the new weights."""
-        if self.sampler_model is not self.model:
-            full = distributed.full_state_dict(self.trainer, self.dist)
-            prefix = "policy."
-            self.sampler_model.load_state_dict({k[len(prefix):]: v for k, v in full.items()}, strict=True)
-        self.generator.sync_weights(self.sampler_model)
-
-    def evaluate(self) -> dict:
-        """Held-out metrics, computed by rank 0 alone (other ranks return {})."""
-        if not self.eval_rows or not self.dist.is_main:
-            return {}
-        from gspo.evaluate import evaluate
-
-        e = self.cfg.eval
-        generator = self.generator
-        if self.cfg.rollout.backend == "vllm" and self.dist.world_size > 1:
-            # vLLM's data-parallel ranks step together: rank 0 cannot sample alone
-            generator = _hf_generator(self.cfg, self.sampler_model, self.tokenizer)
-        return evaluate(self.sampler_model, self.tokenizer, self.eval_rows[: e.num_prompts], self.rewards,
-                        max_new_tokens=self.cfg.rollout.max_new_tokens, pass_k=e.pass_k,
-                        generator=generator, chat=self.chat)
-
-    def save(self, state) -> Path:
-        d = self.dist
-        write = (lambda p: distributed.save_sharded(p, self.trainer, self.optimizer, d)) if self.sharded else None
-        return ckpt.save_checkpoint(self.cfg.run_dir, state.step, model=self.model, optimizer=self.optimizer,
-                                    scheduler=self.scheduler, trainer_state=asdict(state),
-                                    config_text=to_yaml(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
-                                    trainable_only=self.cfg.lora.enabled and not self.sharded,
-                                    comm=d if d.enabled else None, write_state=write)
-
-    def restore(self, path: Path) -> dict:
-        read = (lambda p: distributed.load_sharded(p, self.trainer, self.optimizer)) if self.sharded else None
-        state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                     read_state=read, rank=self.dist.rank)
-        self.sync_sampler()
-        return state
-
-    def save_final(self) -> Path:
-        """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
-        tokenizer; with LoRA also the adapters alone in final/adapter."""
-        out = self.cfg.run_dir / "final"
-        if self.dist.is_main:
-            model = self.sampler_model  # full weights on every strategy (synced after the last update)
-            if self.cfg.lora.enabled:
-                model.save_pretrained(out / "adapter", safe_serialization=True)
-                if self.cfg.lora.merge_final:
-                    model = model.merge_and_unload()  # training is over: merge in place
-            model.save_pretrained(out, safe_serialization=True)
-            self.tokenizer.save_pretrained(out)
-        self.dist.barrier()
-        return out
 
     def close(self) -> None:
         self.rewards.close()
@@ -244,6 +179,16 @@ class RunContext:
         if self.routes is not None:
             self.routes.close()
         distributed.shutdown(self.dist)
+
+
+def push_weights(run: Run) -> None:
+    """After an update: the generator gets the new weights (a no-op when it samples from the
+    trainer's own module; under FSDP2 the full copy is refreshed from the shards first)."""
+    if run.generator_model is not run.policy:
+        full = distributed.full_state_dict(run.trainer, run.dist)
+        prefix = "policy."
+        run.generator_model.load_state_dict({k[len(prefix):]: v for k, v in full.items()}, strict=True)
+    run.generator.sync_weights(run.generator_model)
 
 
 def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
@@ -276,7 +221,7 @@ def _check_extras(cfg: Config) -> None:
     check_trackers(cfg.logging.report_to)  # each named tracker's package
 
 
-def _hf_generator(cfg: Config, model, tok) -> HFGenerator:
+def hf_generator(cfg: Config, model, tok) -> HFGenerator:
     r = cfg.rollout
     return HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                        max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
@@ -285,9 +230,9 @@ def _hf_generator(cfg: Config, model, tok) -> HFGenerator:
 
 def _vllm_generator(cfg: Config, model, tok, d: Dist):
     """A colocated vLLM engine holding `model`'s weights (LoRA merged); it gets the trainer's
-    new weights through `RunContext.sync_sampler` after every update. Under torchrun every
-    process runs its own engine on its own prompts (a vLLM data-parallel rank); under FSDP2 it
-    is fed from the full sampler copy that `sync_sampler` refreshes."""
+    new weights through `push_weights` after every update. Under torchrun every process runs
+    its own engine on its own prompts (a vLLM data-parallel rank); under FSDP2 it is fed from
+    the full copy that `push_weights` refreshes."""
     from gspo.vllm_backend import VLLMGenerator
 
     r, v = cfg.rollout, cfg.vllm
@@ -303,7 +248,7 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist):
                          world_size=d.world_size, quiet=not d.is_main)
 
 
-def build_context(cfg: Config) -> RunContext:
+def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
     d = distributed.init_distributed(cfg.distributed.strategy, resolve_device(cfg.model.device),
@@ -340,10 +285,10 @@ def build_context(cfg: Config) -> RunContext:
     if d.is_main:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
-    sampler = PromptSampler(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
-                            rank=d.rank, world_size=d.world_size)
+    prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
+                           rank=d.rank, world_size=d.world_size)
     mp = cfg.model.mixed_precision == "bf16"
-    sampler_model = distributed.sampler_copy(model, d) or model
+    generator_model = distributed.generator_copy(model, d) or model
     old_logp = resolve_old_logp(cfg, has_routers=bool(find_routers(model)))
     # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
     routes = RouteTracker(model) if old_logp == "trainer" else None  # the trainer's routers only
@@ -358,9 +303,9 @@ def build_context(cfg: Config) -> RunContext:
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
     if r.backend == "vllm":
-        generator = _vllm_generator(cfg, sampler_model, tok, d)
+        generator = _vllm_generator(cfg, generator_model, tok, d)
     else:
-        generator = _hf_generator(cfg, sampler_model, tok)
+        generator = hf_generator(cfg, generator_model, tok)
     params = [p for p in trainer.parameters() if p.requires_grad]
     o = cfg.optim
     # the fused kernel: one pass over each parameter (on a CPU ~4x faster than the default loop)
@@ -370,8 +315,7 @@ def build_context(cfg: Config) -> RunContext:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
                           num_workers=cfg.rewards.num_workers)
-    return RunContext(cfg=cfg, model=model, trainer=trainer, sampler_model=sampler_model, tokenizer=tok,
-                      generator=generator, rewards=runner, sampler=sampler, eval_rows=eval_rows,
-                      optimizer=optimizer, scheduler=scheduler, chat=chat, dist=d,
-                      routes=routes if routes and routes.active else None, resume_from=resume_from,
-                      old_logp=old_logp)
+    return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
+               generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
+               scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
+               resume_from=resume_from)

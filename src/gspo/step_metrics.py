@@ -1,0 +1,96 @@
+"""The metrics of one step, kept out of the loop so that `gspo.train` reads as the step itself:
+the sampler/trainer log-prob gap, one minibatch's metrics summed over micro-batches and reduced
+over processes, rollout-level metrics, and the completion rows logged to completions/."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gspo import algo
+from gspo.rollout import Rollout
+
+
+def mismatch_metrics(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Gap between the sampler's and the trainer's log-probs on the same tokens."""
+    m = mask.bool()
+    if not m.any():  # the same keys on every rank: NaN is left out of the reduction
+        return dict.fromkeys(("mismatch/token_abs_mean", "mismatch/token_abs_max", "mismatch/seq_abs_mean",
+                              "mismatch/kl"), math.nan)
+    d = (sampler_logp - trainer_logp)[m]
+    n = mask.sum(-1).clamp(min=1)
+    seq = ((sampler_logp - trainer_logp) * mask).sum(-1) / n
+    return {"mismatch/token_abs_mean": d.abs().mean().item(), "mismatch/token_abs_max": d.abs().max().item(),
+            "mismatch/seq_abs_mean": seq.abs().mean().item(),
+            # k3 estimate of KL(sampler || trainer) on tokens drawn from the sampler
+            "mismatch/kl": (torch.exp(-d) - 1 + d).mean().item()}
+
+
+def mismatch_over_parts(gaps: list) -> dict:
+    """mismatch_metrics over micro-batches of different widths (padded to the widest)."""
+    if not gaps:  # no row ran
+        return mismatch_metrics(*[torch.zeros(0, 0)] * 3)
+    t = max(g[0].shape[1] for g in gaps)
+    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]))  # noqa: E731
+    return mismatch_metrics(*(torch.cat([pad(g[j]) for g in gaps]) for j in range(3)))
+
+
+def add_micro_metrics(sums: dict, m: dict, n_tok: int, n_rows: int) -> None:
+    """Add one micro-batch's `policy_loss` metrics into `sums`: per-token fractions times its
+    tokens, per-sequence means times its rows, min / max combined. A placeholder (n_rows 0)
+    only makes the keys exist, as NaN, which the reduction over ranks leaves out."""
+    for k, v in m.items():
+        if k == "loss":  # (the weighted loss is summed by the caller)
+            continue
+        have = sums.get(k, math.nan) == sums.get(k, math.nan)  # (NaN: nothing counted yet)
+        if not n_rows:
+            sums.setdefault(k, math.nan)
+        elif k.endswith("_min") or k.endswith("_max"):
+            sums[k] = (min if k.endswith("_min") else max)(sums[k], v) if have else v
+        else:
+            x = v * (n_tok if k in algo.TOKEN_METRICS else n_rows)
+            sums[k] = sums[k] + x if have else x
+
+
+def reduce_minibatch_metrics(d, sums: dict, loss: float, tokens: int, rows: int) -> dict:
+    """The minibatch's metrics over all ranks (one decision on every rank): sums divided by the
+    global token / row counts; NaN (null in metrics.jsonl) where no row ran."""
+    per_row = [k for k in sums if k in algo.TOKEN_METRICS or k in algo.SEQUENCE_METRICS]
+    metrics = d.reduce_metrics({**sums, "loss": loss, "tokens/minibatch": tokens, "rows/minibatch": rows},
+                               sums=(*per_row, "tokens/minibatch", "rows/minibatch"))
+    for k in algo.ROW_METRICS:
+        n = metrics["tokens/minibatch" if k in algo.TOKEN_METRICS else "rows/minibatch"]
+        if k in per_row:
+            metrics[k] = metrics[k] / n if n > 0 else math.nan
+        elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
+            metrics[k] = math.nan
+    return metrics
+
+
+def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
+    """Rollout-level metrics over the global batch (every rank's rows)."""
+    r = d.all_gather(rewards.rewards.float().cpu())
+    valid = r[~torch.isnan(r)]
+    lengths = d.all_gather(rollout.completion_lengths.float().cpu())
+    truncated = torch.tensor([f == "length" for f in rollout.finish_reason], dtype=torch.float32)
+    local = dict(rewards.stats)
+    local.update(adv_stats)
+    local["completion/truncated_frac"] = truncated.mean().item()
+    m = d.reduce_metrics(local, sums=("reward/errors", "reward/timeouts", "reward/missing"))
+    m.update({"reward/mean": valid.mean().item() if len(valid) else float("nan"),
+              "reward/std": valid.std(unbiased=False).item() if len(valid) > 1 else float("nan"),
+              "completion/len_mean": lengths.mean().item(),
+              "completion/len_max": lengths.max().item(),
+              "completion/empty_frac": (lengths == 0).float().mean().item()})
+    return m
+
+
+def completion_rows(step: int, rollout: Rollout, rewards, adv: torch.Tensor) -> list[dict]:
+    rows = []
+    for i in range(rollout.num_samples):
+        rows.append({"step": step, "prompt": rollout.prompts[i], "completion": rollout.completions[i],
+                     "reward": float(rewards.rewards[i]), "advantage": float(adv[i]),
+                     "finish_reason": rollout.finish_reason[i],
+                     "rewards": {k: float(v[i]) for k, v in rewards.per_function.items()}})
+    return rows
