@@ -2,8 +2,10 @@
 
 What it measures. One GSPO micro-step on a random-weight Qwen2 causal LM with the shape of
 Qwen2.5-0.5B (hidden 896, MLP 4864, 24 layers, 14 query / 2 key-value heads, vocab 151,936,
-tied embeddings), built from a `Qwen2Config` (nothing is downloaded), with gradient
-checkpointing on. The step is
+tied embeddings), built from a `Qwen2Config` (nothing is downloaded), written once with
+``save_pretrained`` and loaded in each worker the way `gspo train` loads a user's checkpoint
+(`gspo.setup.build_policy`: from_pretrained, `model.gradient_checkpointing`, the trainer's
+mode), with gradient checkpointing on unless --no-grad-ckpt. The step is
 
     logp = <path>(model, input_ids, attention_mask, completion_len)      # (N, T) fp32
     loss = gspo.algo.policy_loss(logp, old_logp, adv, mask, level="sequence")[0]
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--worker", choices=PATHS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -132,6 +135,7 @@ def _worker_argv(args: argparse.Namespace, path: str, out: Path) -> list[str]:
     """The command line that runs `path` in a fresh interpreter with the same settings."""
     shape = _shape(args)
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", path, "--out", str(out),
+            "--model-dir", str(args.model_dir),
             "--layers", str(shape["layers"]), "--hidden", str(shape["hidden"]),
             "--intermediate", str(shape["intermediate"]), "--heads", str(shape["heads"]),
             "--kv-heads", str(shape["kv_heads"]), "--vocab", str(shape["vocab"]),
@@ -199,12 +203,14 @@ class RssSampler:
 # ----------------------------------------------------------------------------- worker
 
 
-def _build_model(args: argparse.Namespace, device: Any, dtype: Any) -> Any:
-    """A random-weight Qwen2ForCausalLM of the requested shape, in training mode."""
+def save_random_model(args: argparse.Namespace, directory: Path) -> Path:
+    """A random-weight Qwen2ForCausalLM of the requested shape (fp32), written with
+    ``save_pretrained`` with a tokenizer beside it, as a user's checkpoint comes."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from gspo.models import set_activation_checkpointing
+    sys.path.insert(0, str(ROOT / "src"))
+    from gspo.tiny import build_char_tokenizer
 
     shape = _shape(args)
     config = Qwen2Config(
@@ -218,14 +224,22 @@ def _build_model(args: argparse.Namespace, device: Any, dtype: Any) -> Any:
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         tie_word_embeddings=True,
-        use_cache=False,
     )
     torch.manual_seed(args.seed)
-    model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
-    model.train()  # checkpointing only acts in training mode; attention dropout is 0
-    if not args.no_grad_ckpt:
-        set_activation_checkpointing(model, True)
-    model.config.use_cache = False
+    Qwen2ForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    build_char_tokenizer().save_pretrained(directory)  # (the inputs are random ids: any tokenizer loads)
+    return directory
+
+
+def _load_model(args: argparse.Namespace, device: Any) -> Any:
+    """The saved model loaded as `gspo train` loads it (`gspo.setup.build_policy`: from_pretrained,
+    model.gradient_checkpointing, the trainer's mode), not built in this process."""
+    from gspo.config import load_config
+    from gspo.setup import build_policy
+
+    cfg = load_config(None, [f"model.name_or_path={args.model_dir}", f"model.dtype={args.dtype}",
+                             f"model.gradient_checkpointing={str(not args.no_grad_ckpt).lower()}"])
+    model, _ = build_policy(cfg, device)
     return model
 
 
@@ -324,8 +338,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
-    model = _build_model(args, device, dtype)
+    model = _load_model(args, device)
     inputs = _inputs(args, device)
     (loss, logp), mem = _measure(lambda: _step(model, args.worker, inputs, args), device)
 
@@ -420,6 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL[args.dtype]
     with tempfile.TemporaryDirectory(prefix="gspo-model-memory-") as tmp:
+        args.model_dir = save_random_model(args, Path(tmp) / "model")
         files = {path: Path(tmp) / f"{path}.safetensors" for path in PATHS}
         runs = {path: _run_worker(args, path, files[path]) for path in PATHS}
         agreement = _compare(files["chunked"], files["naive"])
