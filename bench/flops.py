@@ -8,7 +8,7 @@
 hidden x {hidden, hidden/2 (k, v), intermediate}, intermediate x hidden, their backward
 counterparts dX = dY W and dW = X^T dY, and the LM head), plus (2048 x hidden) x (hidden x
 4 hidden) and a 2048^3 square, with the torch thread count the step runs with (the library
-default: 1 thread on <= 4 cores, gspo.setup.setup_threads). Each shape is timed in blocks of
+default: 1 thread on <= 4 cores, gspo.train.run.setup_threads). Each shape is timed in blocks of
 >= --mm-seconds; its figure is its best block; the peak is the best shape.
 
 (b) One real training step, timed by phase through bench/step.py (the functions gspo.train.train
@@ -36,7 +36,7 @@ QK^T and does four more L^2 products, 10 A L^2, so 14 executed against the textb
 recomputation). The mask is a padding mask, not is_causal, so the full L x L square is counted.
 pi_old runs on the rows outside the first minibatch (the plan's old_forwards; the
 first minibatch's forward in the update is its pi_old), so it is ~3/4 of a full pass with 4
-minibatches. The LM head runs only on the Mc real completion tokens (gspo.logprobs.token_logprobs), under
+minibatches. The LM head runs only on the Mc real completion tokens (gspo.models.logprobs.token_logprobs), under
 activation checkpointing in the update: forward 2, recomputed forward 2, backward 4 = 8 H V
 (model count 6); when a micro-batch's Mc x V fp32 logits fit in 16 MiB (small vocabularies)
 the head is not checkpointed and it is 6 H V. Elementwise work (norms, RoPE, SiLU, softmax, loss, AdamW) is not counted.
@@ -104,7 +104,7 @@ def forward_flops(d: dict, b: int, L: int, mc: int) -> int:
 def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
     """Forward + backward on a (b, L) micro-batch: executed (attention-backward and LM-head
     recomputation included) or textbook "model" FLOPs."""
-    from gspo.logprobs import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
+    from gspo.models.logprobs import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
 
     recomputed = mc * d["V"] * 4 > _UNCHECKPOINTED_LOGITS_BYTES
     attn, head = (14, 8 if recomputed else 6) if executed else (12, 6)
@@ -113,8 +113,8 @@ def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
 
 def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool) -> int:
     """A call that runs k distinct Pw-wide prompts once, then b rows' first t-1 completion
-    columns on their keys/values (gspo.logprobs.prompt_share_plan): forward, or forward + backward."""
-    from gspo.logprobs import _UNCHECKPOINTED_LOGITS_BYTES
+    columns on their keys/values (gspo.models.logprobs.prompt_share_plan): forward, or forward + backward."""
+    from gspo.models.logprobs import _UNCHECKPOINTED_LOGITS_BYTES
 
     tc = t - 1
     positions = k * Pw + b * tc
@@ -127,7 +127,7 @@ def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool)
 
 def call_flops(d: dict, ids, mask, t: int, mc: int, train: bool, share: bool = True) -> int:
     """One LogprobModule call on (b, L) ids/mask, with prompt sharing when gspo would use it."""
-    from gspo.logprobs import prompt_share_plan
+    from gspo.models.logprobs import prompt_share_plan
 
     b, L = ids.shape
     plan = prompt_share_plan(ids, mask, t) if share else None
@@ -166,12 +166,12 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
     its micro-batches chunk it; also the update's computed positions and how many are padding."""
     import torch
 
-    from gspo import train
+    from gspo.train import loop as train
 
     d = model_dims(run.policy)
     n = rollout.num_samples
     T = rollout.completion_ids.shape[1]
-    from gspo.logprobs import prompt_groups
+    from gspo.models.logprobs import prompt_groups
 
     gen = 0
     chunk = run.generator.batch_size or n
@@ -240,9 +240,9 @@ def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 
     rows hold that many distinct prompts (consecutive rows share one), so the calls share them."""
     import torch
 
-    from gspo.logprobs import LogprobModule, prompt_share_plan
+    from gspo.models.logprobs import LogprobModule, prompt_share_plan
     from gspo.rollout import HFGenerator
-    from gspo.tiny import build_char_tokenizer, build_tiny_model
+    from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=hidden, num_layers=layers, seed=seed)
@@ -285,7 +285,7 @@ def step_cross_check(overrides: list[str] | None = None, threads: int = 0) -> di
     once-per-model LM-head check runs then)."""
     import tempfile
 
-    from gspo import train
+    from gspo.train import loop as train
 
     with tempfile.TemporaryDirectory(prefix="gspo-bench-flops-") as tmp:
         _, run, _ = bench_step.build(None, [*QUICK, *(overrides or [])], threads=threads, steps=2, out_dir=tmp)
@@ -362,7 +362,7 @@ def matmul_peak(shapes, seconds: float = 0.5, blocks: int = 3) -> list[dict]:
 def run(args, overrides: list[str]) -> dict:
     import torch
 
-    from gspo.setup import setup_threads
+    from gspo.train.run import setup_threads
 
     threads = setup_threads(args.threads)
     t_start = time.perf_counter()

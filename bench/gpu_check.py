@@ -37,7 +37,7 @@ def build_model(path: Path, shape: dict, seed: int = 0) -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from gspo.tasks import TASK_CHARS
-    from gspo.tiny import build_char_tokenizer
+    from gspo.models.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer("".join(sorted(TASK_CHARS)))
     cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True,

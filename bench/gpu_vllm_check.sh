@@ -59,7 +59,7 @@ def rows_tokens(completion_mask):
 res = {"mode": MODE, "rows": B * G, "max_new_tokens": NEW}
 if MODE == "gspo":  # as training runs it: sleep between rollouts where vLLM has it (CUDA)
     from gspo.models import load_policy
-    from gspo.vllm_backend import VLLMGenerator
+    from gspo.rollout.vllm import VLLMGenerator
 
     model, tok = load_policy(str(MODEL), dtype="bfloat16" if CUDA else "float32", device=DEV)
     ids = prompt_ids()

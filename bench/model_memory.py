@@ -4,7 +4,7 @@ What it measures. One GSPO micro-step on a random-weight Qwen2 causal LM with th
 Qwen2.5-0.5B (hidden 896, MLP 4864, 24 layers, 14 query / 2 key-value heads, vocab 151,936,
 tied embeddings), built from a `Qwen2Config` (nothing is downloaded), written once with
 ``save_pretrained`` and loaded in each worker the way `gspo train` loads a user's checkpoint
-(`gspo.setup.build_policy`: from_pretrained, `model.gradient_checkpointing`, the trainer's
+(`gspo.train.run.build_policy`: from_pretrained, `model.gradient_checkpointing`, the trainer's
 mode), with gradient checkpointing on unless --no-grad-ckpt. The step is
 
     logp = <path>(model, input_ids, attention_mask, completion_len)      # (N, T) fp32
@@ -13,9 +13,9 @@ mode), with gradient checkpointing on unless --no-grad-ckpt. The step is
 
 for two paths:
 
-    chunked  gspo.logprobs.token_logprobs: the decoder body once, then the LM head and the
+    chunked  gspo.models.logprobs.token_logprobs: the decoder body once, then the LM head and the
              log-softmax a chunk of tokens at a time under activation checkpointing
-    naive    gspo.logprobs.naive_token_logprobs: model(...).logits, the whole (N, L, V) at once
+    naive    gspo.models.logprobs.naive_token_logprobs: model(...).logits, the whole (N, L, V) at once
 
 Each path runs in its own fresh subprocess, so that the peaks do not mix. The figure is the
 peak memory of the step above the baseline, the memory held once the model and the inputs
@@ -210,7 +210,7 @@ def save_random_model(args: argparse.Namespace, directory: Path) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     sys.path.insert(0, str(ROOT / "src"))
-    from gspo.tiny import build_char_tokenizer
+    from gspo.models.tiny import build_char_tokenizer
 
     shape = _shape(args)
     config = Qwen2Config(
@@ -232,14 +232,19 @@ def save_random_model(args: argparse.Namespace, directory: Path) -> Path:
 
 
 def _load_model(args: argparse.Namespace, device: Any) -> Any:
-    """The saved model loaded as `gspo train` loads it (`gspo.setup.build_policy`: from_pretrained,
+    """The saved model loaded as `gspo train` loads it (`gspo.train.run.build_policy`: from_pretrained,
     model.gradient_checkpointing, the trainer's mode), not built in this process."""
+    import torch
+
     from gspo.config import load_config
-    from gspo.setup import build_policy
+    from gspo.train.run import build_policy
 
     cfg = load_config(None, [f"model.name_or_path={args.model_dir}", f"model.dtype={args.dtype}",
                              f"model.gradient_checkpointing={str(not args.no_grad_ckpt).lower()}"])
     model, _ = build_policy(cfg, device)
+    with torch.no_grad():  # weights from disk may be memory-mapped: page them in before the baseline
+        for p in model.parameters():
+            p.sum()
     return model
 
 
@@ -269,7 +274,7 @@ def _grad_names(model: Any) -> list[str]:
 def _step(model: Any, path: str, inputs: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any]:
     """Log-probs by `path`, GSPO loss and backward; returns (loss, logp), both detached."""
     from gspo.algo import policy_loss
-    from gspo.logprobs import naive_token_logprobs, token_logprobs
+    from gspo.models.logprobs import naive_token_logprobs, token_logprobs
 
     fn = token_logprobs if path == "chunked" else naive_token_logprobs
     logp = fn(model, inputs["input_ids"], inputs["attention_mask"], args.completion_len,

@@ -94,7 +94,7 @@ def points(base: dict, axes: dict, names: list[str]) -> tuple[list[dict], dict]:
 def run(args, extra: list[str]) -> dict:
     import torch
 
-    from gspo import train
+    from gspo.train import loop as train
 
     base, axes = (QUICK_BASE, QUICK_AXES) if args.quick else (BASE, AXES)
     names = [n.strip() for n in args.axes.split(",") if n.strip()]

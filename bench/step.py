@@ -98,7 +98,7 @@ def build(config: str | None, overrides: list[str], *, threads: int, steps: int,
     """(cfg, run, seconds to build): the run `gspo.train.train` would build, for `steps`
     rollouts, writing under `out_dir`. The caller closes the run."""
     from gspo.config import load_config
-    from gspo.setup import build_run
+    from gspo.train.run import build_run
 
     cfg = load_config(config, [*base_overrides(demo=config is None), f"schedule.rollouts={steps}", f"threads={threads}",
                                f"output.dir={out_dir}", "output.name=bench", *overrides])
@@ -113,7 +113,7 @@ def phase_hooks(run, wrap=None, on_push=None):
     `gspo.train.produce` and `learn` call by name: generate (the generator), score, pi_old (the
     plan and the no-grad pass), update (the minibatch steps and the weight push). Yields the
     dict of seconds per phase, summed over calls; `on_push()` runs after each weight push."""
-    from gspo import train
+    from gspo.train import loop as train
 
     times = dict.fromkeys(PHASES, 0.0)
     wrap = wrap or (lambda phase: contextlib.nullcontext())
@@ -147,7 +147,7 @@ def phase_hooks(run, wrap=None, on_push=None):
 def timed_step(run, state, wrap=None) -> tuple[dict, object]:
     """One training step, `gspo.train.produce` then `learn`, timed by phase (`phase_hooks`):
     ({"step", "generate", "score", "pi_old", "update": seconds}, the step's Rollout)."""
-    from gspo import train
+    from gspo.train import loop as train
 
     t_step = time.perf_counter()
     with phase_hooks(run, wrap) as times:
@@ -171,7 +171,7 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
     after each timed step may add keys to its record (the records are then returned too)."""
     import torch
 
-    from gspo import train
+    from gspo.train import loop as train
 
     steps_total = warmup + rollouts * repeats
     with tempfile.TemporaryDirectory(prefix="gspo-bench-step-") as tmp:

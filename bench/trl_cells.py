@@ -40,7 +40,7 @@ def _prompt_order(spec: dict, total: int) -> list[str]:
     """The prompts gspo's prompt stream deals over `total` rollouts, in order (B per rollout)."""
     from gspo.config import load_config
     from gspo.data import PromptStream
-    from gspo.setup import load_prompt_rows
+    from gspo.train.run import load_prompt_rows
 
     cfg = load_config(None, _gspo_overrides(spec, total, "/nonexistent"))
     rows, _ = load_prompt_rows(cfg)
@@ -70,9 +70,9 @@ class _Phases:
 def run_gspo(spec: dict) -> dict:
     import torch
 
-    from gspo import train as gtrain
+    from gspo.train import loop as gtrain
     from gspo.config import load_config
-    from gspo.setup import build_run
+    from gspo.train.run import build_run
 
     sys.path.insert(0, str(BENCH))
     from step import phase_hooks  # bench/step.py: the step's phases, timed where train calls them

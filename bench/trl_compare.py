@@ -131,7 +131,7 @@ def build_model_dir(path: Path, w: dict) -> dict:
     """Save a random model of shape `w` and the char tokenizer to `path` (and, for a workload
     with a `prefix`, its prompts as prompts.jsonl); returns the model's size."""
     from gspo.tasks import arithmetic
-    from gspo.tiny import build_char_tokenizer, build_tiny_model
+    from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer(tokenizer_chars())
     model = build_tiny_model(tok, hidden_size=w["hidden"], num_layers=w["layers"], num_heads=w["heads"],

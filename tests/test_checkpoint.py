@@ -18,8 +18,8 @@ import pytest
 import safetensors
 import torch
 
-import gspo.checkpoint as ck
-from gspo.checkpoint import (
+import gspo.train.checkpoint as ck
+from gspo.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
     capture_rng_state,
@@ -336,7 +336,7 @@ def test_optimizer_file_is_never_unpickled(tmp_path):
 
 
 def test_source_never_calls_torch_load_without_weights_only():
-    # every module of the package (the optimizer loader lives in gspo.state_io)
+    # every module of the package (the optimizer loader lives in gspo.train.state_io)
     sources = [f.read_text() for f in sorted(Path(ck.__file__).parent.glob("*.py"))]
     trees = [ast.parse(src) for src in sources]
     calls = [n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Call)
@@ -362,7 +362,7 @@ def _spawn(script: str, *args) -> subprocess.Popen:
 
 
 SLOW_SAVER = """
-    import sys, time, torch, gspo.checkpoint as ck
+    import sys, time, torch, gspo.train.checkpoint as ck
     run_dir = sys.argv[1]
     model = torch.nn.Linear(64, 64)
     ck.save_checkpoint(run_dir, 1, model=model, trainer_state={"step": 1})
@@ -396,7 +396,7 @@ def test_kill9_mid_save_resumes_from_previous_and_next_save_cleans_up(tmp_path):
 
 
 LOOP_SAVER = """
-    import sys, torch, gspo.checkpoint as ck
+    import sys, torch, gspo.train.checkpoint as ck
     run_dir = sys.argv[1]
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # ~1M params
     opt = torch.optim.AdamW(model.parameters())

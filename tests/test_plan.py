@@ -1,11 +1,11 @@
-"""gspo.plan: the per-rollout plan and the counts processes agree on, checked for several
+"""gspo.train.plan: the per-rollout plan and the counts processes agree on, checked for several
 simulated processes without starting any (build_plan is a pure function of their counts)."""
 
 from __future__ import annotations
 
 import torch
 
-from gspo.plan import build_plan
+from gspo.train.plan import build_plan
 
 
 def _plans(per_rank: list[dict], **common) -> list:

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from gspo import report  # noqa: E402
-from gspo.report import Run, ema, load_run, main, make_report  # noqa: E402
+from gspo.report import html as report  # noqa: E402
+from gspo.report.html import Run, ema, load_run, main, make_report  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EVIL = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'

@@ -1,4 +1,4 @@
-"""gspo.rewards and gspo.reward_runner: built-ins, name resolution, and the worker-process runner's
+"""gspo.rewards and gspo.rewards.runner: built-ins, name resolution, and the worker-process runner's
 error policies."""
 
 import math
@@ -13,7 +13,6 @@ from gspo.rewards import (
     BUILTIN_REWARDS,
     RewardConfigError,
     RewardError,
-    RewardRunner,
     RewardSpec,
     exact_answer,
     format_reward,
@@ -22,6 +21,7 @@ from gspo.rewards import (
     resolve_reward,
     validate_specs,
 )
+from gspo.rewards.runner import RewardRunner
 
 # ------------------------------------------------------------------------ user functions
 # Defined in this test module: forked workers must run them as they are.
@@ -153,21 +153,15 @@ def test_runner_weighted_sum_in_worker_processes(runner):
     assert res.stats["reward/missing"] == 0 and res.stats["reward/errors"] == 0
 
 
-def test_runner_module_and_its_re_export():
-    """The runner lives in gspo.reward_runner; gspo.rewards re-exports it without importing it
-    (and torch) until asked."""
+def test_the_contract_imports_neither_the_runner_nor_torch():
+    """gspo.rewards (the contract, names, built-ins) is light: the runner, which needs torch, is
+    gspo.rewards.runner, and nothing in gspo.rewards imports it."""
     import subprocess
     import sys
 
-    import gspo.reward_runner as rr
-    import gspo.rewards as rw
-
-    assert rw.RewardRunner is rr.RewardRunner and rw.RewardResult is rr.RewardResult
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        rw.nothing  # noqa: B018
-    code = "import sys, gspo.rewards; print('gspo.reward_runner' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, gspo.rewards; print('gspo.rewards.runner' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split()[0] == "False"
+    assert out.split() == ["False", "False"]
 
 
 def test_runner_runs_in_other_processes():

@@ -4,9 +4,9 @@ import pytest
 import torch
 from archs import NAMES, build_arch
 
-from gspo.logprobs import naive_token_logprobs, token_logprobs
+from gspo.models.logprobs import naive_token_logprobs, token_logprobs
 from gspo.rollout import Generator, HFGenerator, Rollout
-from gspo.tiny import build_char_tokenizer, build_tiny_model
+from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
 PROMPTS = ["user: 1+2\nassistant: ", "ab", "user: 9*9=\nassistant: "]
 
@@ -271,7 +271,7 @@ def _filtered(p: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 def test_sample_tokens_draws_from_the_filtered_distribution(top_k, top_p):
     """Empirical frequencies of 40k draws match softmax(logits / T) after top-k then top-p
     (renormalised), and the returned log-probs are of the unfiltered distribution."""
-    from gspo.sampling import sample_tokens
+    from gspo.rollout.sampling import sample_tokens
 
     temp = 0.8
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
@@ -291,7 +291,7 @@ def test_sample_tokens_over_several_cdf_blocks(top_k, top_p):
     """A 150-token vocabulary spans two full blocks of the two-level inverse CDF and a remainder:
     frequencies match the filtered softmax, tokens of weight 0 (logit -inf, some at block
     edges) are never drawn, and large logits (~300) neither underflow nor overflow."""
-    from gspo.sampling import _CDF_BLOCK, sample_tokens
+    from gspo.rollout.sampling import _CDF_BLOCK, sample_tokens
 
     vocab = 150
     assert 2 * _CDF_BLOCK < vocab < 3 * _CDF_BLOCK
@@ -315,7 +315,7 @@ def test_inverse_cdf_picks_the_token_under_the_uniform():
     """The two-level draw returns the token whose cumulative-weight interval holds u·total, in
     the first block, a middle block and the remainder block (checked against a one-level
     float64 inverse CDF with the same uniforms)."""
-    from gspo.sampling import _inverse_cdf
+    from gspo.rollout.sampling import _inverse_cdf
 
     g = torch.Generator().manual_seed(0)
     w = torch.rand(500, 150, generator=g) ** 4  # (rows, V): uneven weights

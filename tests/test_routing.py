@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gspo.config import ConfigError, load_config
-from gspo.logprobs import LogprobModule
-from gspo.routing import RouteTracker, find_routers
-from gspo.tiny import build_char_tokenizer, build_tiny_model
+from gspo.models.logprobs import LogprobModule
+from gspo.models.routing import RouteTracker, find_routers
+from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 from gspo.train import train
 
 
@@ -142,7 +142,7 @@ def _grouped_pass(tracker, lp, ids, mask, mode, replay=False):
 def test_shared_prompt_forward_records_and_compares_the_same_routes(moe):
     """With model.share_prompt, each prompt runs once for its group: the routes recorded for
     every row and the changed fraction equal those of the unshared forward."""
-    from gspo.logprobs import prompt_share_plan
+    from gspo.models.logprobs import prompt_share_plan
 
     model, ids, mask = _grouped(moe)
     assert prompt_share_plan(ids, mask, 6) is not None  # the shared path does run
@@ -227,7 +227,7 @@ def test_sampler_as_pi_old_logs_mismatch_of_zero_for_the_same_model(tmp_path):
 
 
 def test_tiny_moe_shape_from_the_config(tmp_path):
-    from gspo.setup import build_policy
+    from gspo.train.run import build_policy
 
     model, _ = build_policy(load_config(None, [*TINY, "model.tiny_num_experts=6", "model.tiny_experts_per_tok=3"]))
     routers = find_routers(model)

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from gspo import sandbox
-from gspo.sandbox import (CodeExecutionDisabled, CodeLimits, CodeResult, SandboxError, code_tests_reward,
+from gspo.rewards import sandbox
+from gspo.rewards.sandbox import (CodeExecutionDisabled, CodeLimits, CodeResult, SandboxError, code_tests_reward,
                           extract_code, last_reasons, run_code_tests)
 
 FAST = CodeLimits(timeout_s=2.0, memory_mb=256, max_file_mb=1)

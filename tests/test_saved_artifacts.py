@@ -13,13 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import artifacts
-from gspo.checkpoint import load_model_state
+from gspo.train.checkpoint import load_model_state
 from gspo.cli import main
 from gspo.config import load_config
-from gspo.evaluate import greedy_completions
+from gspo.train.evaluate import greedy_completions
 from gspo.models import eos_token_ids, load_policy
 from gspo.data import format_prompt
-from gspo.setup import build_run
+from gspo.train.run import build_run
 
 RUN = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "schedule.rollouts=1",
        "schedule.num_minibatches=2", "eval.enabled=true", "eval.num_prompts=4", "data.eval_num_prompts=4",

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from gspo.config import ConfigError, load_config, validate_world
-from gspo.distributed import Dist
-from gspo.logprobs import LogprobModule
-from gspo.tiny import build_char_tokenizer, build_tiny_model
+from gspo.train.distributed import Dist
+from gspo.models.logprobs import LogprobModule
+from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 from gspo.train import minibatches, train
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from archs import NAMES, build_arch
 
-import gspo.logprobs
-from gspo.logprobs import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
+import gspo.models.logprobs
+from gspo.models.logprobs import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
 from gspo.models import set_activation_checkpointing
 from gspo.rollout import decode
-from gspo.tiny import build_char_tokenizer, build_tiny_model
+from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def _grouped_batch(vocab, k=3, G=4, p=9, t=6, seed=0):
 def _body_calls(model):
     """Record the input shape of every decoder-body call."""
     calls = []
-    body = gspo.logprobs._decoder_body(model)
+    body = gspo.models.logprobs._decoder_body(model)
     handle = body.register_forward_pre_hook(lambda m, a, kw: calls.append(tuple(kw.get("input_ids", a[0] if a else None).shape)),
                                             with_kwargs=True)
     return calls, handle
@@ -92,18 +92,18 @@ def test_the_check_fails_when_rows_see_the_wrong_prompt(tok):
     model = _model("qwen3", tok)
     ids, mask = _grouped_batch(len(tok))
     ref = naive_token_logprobs(model, ids, mask, 6).detach()
-    real = gspo.logprobs.prompt_groups
+    real = gspo.models.logprobs.prompt_groups
 
     def shifted(*a):
         first, inverse = real(*a)
         return first, (inverse + 1) % len(first)
 
-    gspo.logprobs.prompt_groups = shifted
+    gspo.models.logprobs.prompt_groups = shifted
     try:
         with torch.no_grad():
             wrong = token_logprobs(model, ids, mask, 6, share_prompt=True)
     finally:
-        gspo.logprobs.prompt_groups = real
+        gspo.models.logprobs.prompt_groups = real
     assert (wrong - ref).abs().max() > 1e-2
 
 
@@ -198,7 +198,7 @@ def test_decode_prefills_each_prompt_once(tok, monkeypatch):
     try:
         shared = run()
         prefill = calls[0]
-        monkeypatch.setattr(gspo.logprobs, "prompt_groups",
+        monkeypatch.setattr(gspo.models.logprobs, "prompt_groups",
                             lambda i, m, p: (torch.arange(len(i)), torch.arange(len(i))))
         calls.clear()
         every = run()
@@ -213,7 +213,7 @@ def test_trainer_shares_unless_told_not_to(tmp_path):
     """On by default, MoE models that record routes included (the route record follows the split
     forward: tests/test_routing.py)."""
     from gspo.config import load_config
-    from gspo.setup import build_run
+    from gspo.train.run import build_run
 
     base = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8",
             "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.enabled=false", "logging.console=false",

@@ -20,7 +20,7 @@ import pytest
 
 from gspo.cli import main
 from gspo.config import ConfigError, load_config
-from gspo.metrics import read_metrics
+from gspo.report.sinks import read_metrics
 
 TESTS = Path(__file__).parent
 ALL = "logging.report_to=[tensorboard,wandb,trackio,mlflow]"
@@ -103,7 +103,7 @@ def wandb_records(run_dir: Path, kind: str) -> list:
     """Every record of one kind in the offline run's transaction logs, one per session."""
     from wandb.proto import wandb_internal_pb2
 
-    from gspo.trackers import _leveldb_log_records
+    from gspo.report.trackers import _leveldb_log_records
 
     run_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]["id"]
     files = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
@@ -239,7 +239,7 @@ def test_config_is_the_runs_config(straight):
 @pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "trackio", "mlflow"])
 def test_missing_tracker_package_fails_before_the_model_loads(tmp_path, monkeypatch, capsys, tracker):
     monkeypatch.setitem(sys.modules, tracker, None)  # `import NAME` now raises ImportError
-    monkeypatch.setattr("gspo.setup.build_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr("gspo.train.run.build_policy", lambda *a, **k: pytest.fail("the model loaded"))
     rc = main(["train", *TINY, f"logging.report_to=[{tracker}]", f"output.dir={tmp_path}", "output.name=run"])
     assert rc == 2 and f"pip install 'gspo[{tracker}]'" in capsys.readouterr().err
 
@@ -251,7 +251,7 @@ def test_unknown_or_repeated_tracker_is_rejected(names):
 
 
 def test_wandb_goes_online_only_with_a_key(tmp_path, monkeypatch):
-    from gspo.trackers import _wandb_logged_in
+    from gspo.report.trackers import _wandb_logged_in
 
     for k in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
         monkeypatch.delenv(k, raising=False)
@@ -276,8 +276,8 @@ class _Recorder:
 
 
 def test_catch_up_replays_only_what_a_tracker_lacks(tmp_path):
-    from gspo.metrics import JsonlWriter, write_completions
-    from gspo.trackers import Trackers
+    from gspo.report.sinks import JsonlWriter, write_completions
+    from gspo.report.trackers import Trackers
 
     w = JsonlWriter(tmp_path / "metrics.jsonl")
     for step in range(5):  # step 0: the first evaluation
@@ -292,3 +292,10 @@ def test_catch_up_replays_only_what_a_tracker_lacks(tmp_path):
     assert fresh.steps == [0, 1, 2, 3, 4] and fresh.tables == [2, 4]
     assert short.steps == [3, 4] and short.tables == [4]
     assert ahead.steps == [] and ahead.tables == []
+
+
+def test_every_tracker_name_the_config_accepts_has_a_class():
+    from gspo.config import TRACKER_NAMES
+    from gspo.report.trackers import TRACKERS
+
+    assert tuple(TRACKERS) == TRACKER_NAMES

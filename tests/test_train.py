@@ -180,7 +180,7 @@ def test_overlong_prompts_are_dropped_and_counted(tmp_path, capsys):
 def _step_inputs(tmp_path, *extra):
     import torch
 
-    from gspo.setup import build_run
+    from gspo.train.run import build_run
     from gspo.train import TrainerState, minibatches, produce
 
     cfg = load_config(None, [*TINY, "eval.enabled=false", "rollout.old_logp=trainer",
@@ -311,7 +311,7 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
     (["rollout.old_logp=sampler"], True, "sampler"),
 ])
 def test_old_logp_auto_resolution(extra, has_routers, want):
-    from gspo.setup import resolve_old_logp
+    from gspo.train.run import resolve_old_logp
 
     assert resolve_old_logp(load_config(None, [*TINY, *extra]), has_routers=has_routers) == want
 

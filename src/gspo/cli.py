@@ -43,11 +43,11 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from gspo.config import load_config
-    from gspo.evaluate import evaluate
+    from gspo.train.evaluate import evaluate
     from gspo.models import load_policy
-    from gspo.reward_runner import RewardRunner
+    from gspo.rewards.runner import RewardRunner
     from gspo.rollout import HFGenerator
-    from gspo.setup import load_prompt_rows, reward_specs, setup_threads
+    from gspo.train.run import load_prompt_rows, reward_specs, setup_threads
 
     overrides = [f"model.name_or_path={args.model}", f"data.source={args.data}",
                  f"eval.num_prompts={args.num_prompts}", f"eval.pass_k={args.pass_k}",
@@ -79,7 +79,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from gspo import report
+    from gspo.report import html as report
 
     return report.main([*args.run_dirs, *(["--out", args.out] if args.out else [])])
 
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from gspo.config import ConfigError
 
-    from gspo.checkpoint import CheckpointError
+    from gspo.train.checkpoint import CheckpointError
     from gspo.rewards import RewardError
     from gspo.train import TrainingError
 

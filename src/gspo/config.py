@@ -18,6 +18,10 @@ from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for
 from omegaconf.errors import OmegaConfBaseException
 
 
+# logging.report_to's values (TRL's names); gspo.report.trackers has a class for each
+TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "mlflow")
+
+
 class ConfigError(ValueError):
     """A bad configuration value, named by its dotted field path."""
 
@@ -435,11 +439,9 @@ def validate(cfg: Config) -> None:
         if fn.name == "code_tests":
             _check(rw.allow_code_execution, "rewards.allow_code_execution",
                    "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
-    from gspo.trackers import TRACKERS
-
     names = cfg.logging.report_to
-    unknown = [n for n in names if n not in TRACKERS]
-    _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(unknown)}: choose from {' | '.join(TRACKERS)}")
+    unknown = [n for n in names if n not in TRACKER_NAMES]
+    _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(unknown)}: choose from {' | '.join(TRACKER_NAMES)}")
     _check(len(set(names)) == len(names), "logging.report_to", "names a tracker twice")
     _check(bool(cfg.logging.project), "logging.project", "must not be empty")
     c = cfg.checkpoint
@@ -463,6 +465,20 @@ def _validate_vllm(cfg: Config) -> None:
     need = cfg.data.max_prompt_tokens + r.max_new_tokens
     _check(v.max_model_len == 0 or v.max_model_len >= need, "vllm.max_model_len",
            f"{v.max_model_len} is shorter than data.max_prompt_tokens + rollout.max_new_tokens = {need}")
-    from gspo.vllm_backend import logprobs_mode_for
+    vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)  # raises a ConfigError naming the field
 
-    logprobs_mode_for(r.temperature, r.top_p, r.top_k)  # raises a ConfigError naming the field
+
+def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
+    """The vLLM ``logprobs_mode`` whose value is log_softmax(raw_logits / T) of the unfiltered
+    distribution (`gspo.rollout.vllm`'s docstring says why), or a ConfigError when none is."""
+    filtered = top_p < 1.0 or top_k > 0
+    if not filtered:
+        return "processed_logprobs"  # temperature only: nothing else is configured
+    if temperature == 1.0:
+        return "raw_logprobs"
+    name = "rollout.top_p" if top_p < 1.0 else "rollout.top_k"
+    raise ConfigError(
+        f"config field '{name}': with rollout.backend=vllm, top-p/top-k filtering works only at "
+        f"rollout.temperature=1 (got {temperature}): vLLM returns either raw log-probs (T = 1) or "
+        f"log-probs renormalised over the filtered tokens, never log_softmax(logits / T) unfiltered, "
+        f"which π_old must be. Set rollout.top_p=1 and rollout.top_k=0, or rollout.temperature=1")

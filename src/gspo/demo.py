@@ -19,7 +19,7 @@ import torch
 
 from gspo.config import load_config
 from gspo.data import encode_texts
-from gspo.setup import build_run, load_prompt_rows, seed_everything, setup_threads
+from gspo.train.run import build_run, load_prompt_rows, seed_everything, setup_threads
 
 # The demo's GSPO phase. Everything else is the library's default (GSPO, paper clip ranges,
 # 4 minibatches per rollout).
@@ -80,7 +80,7 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
     seed_everything(cfg.seed)
 
     # 1-2. tiny model + supervised warm-up
-    from gspo.setup import build_policy
+    from gspo.train.run import build_policy
 
     model, tok = build_policy(cfg)
     rows, _ = load_prompt_rows(cfg)
@@ -105,7 +105,7 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
     t_rl = time.time() - t0
 
     # 4. accuracy after, measured on the saved final model
-    from gspo.metrics import read_metrics
+    from gspo.report.sinks import read_metrics
 
     evals = [m for m in read_metrics(out / "metrics.jsonl") if m.get("eval/accuracy") is not None]
     before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]

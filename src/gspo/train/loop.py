@@ -3,9 +3,9 @@
     produce(run, state) -> ScoredRollout     prompts -> B·G episodes -> rewards -> group advantages
     learn(run, scored, state) -> metrics     the plan -> π_old -> minibatch updates -> weight push
 
-`train(cfg)` builds the run (`gspo.setup.build_run`), resumes it, and calls the two in turn,
+`train(cfg)` builds the run (`gspo.train.run.build_run`), resumes it, and calls the two in turn,
 then logs and checkpoints. Everything a process must agree on with the others before its
-forwards is in the rollout's plan (`gspo.plan`).
+forwards is in the rollout's plan (`gspo.train.plan`).
 """
 
 from __future__ import annotations
@@ -19,19 +19,21 @@ from pathlib import Path
 
 import torch
 
-from gspo import algo, checkpoint, faults
+from gspo import algo
+from gspo.train import checkpoint
+from gspo.train import faults
 from gspo.config import Config
 from gspo.data import format_prompt
-from gspo.evaluate import evaluate_run
-from gspo.metrics import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
-from gspo.plan import Minibatch, Plan, any_process, build_plan
-from gspo.reward_runner import RewardResult
+from gspo.train.evaluate import evaluate_run
+from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
+from gspo.train.plan import Minibatch, Plan, any_process, build_plan
+from gspo.rewards.runner import RewardResult
 from gspo.rewards import reward_columns
 from gspo.rollout import Rollout, chunk_seed
-from gspo.setup import Run, build_run, push_weights
-from gspo.step_metrics import (add_micro_metrics, completion_rows, mismatch_metrics, mismatch_over_parts,
+from gspo.train.run import Run, build_run, push_weights
+from gspo.train.step_metrics import (add_micro_metrics, completion_rows, mismatch_metrics, mismatch_over_parts,
                                reduce_minibatch_metrics, rollout_metrics)
-from gspo.trackers import open_trackers
+from gspo.report.trackers import open_trackers
 
 
 class TrainingError(RuntimeError):
@@ -165,7 +167,7 @@ def live_rows(run: Run, adv: torch.Tensor) -> torch.Tensor | None:
 
 
 def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState) -> Plan:
-    """The rollout's plan (`gspo.plan.build_plan`) with this run's settings. The π_old pass runs
+    """The rollout's plan (`gspo.train.plan.build_plan`) with this run's settings. The π_old pass runs
     in forwards of minibatch size (one forward over every row runs slower per row once the
     activations leave the cache)."""
     s, n = run.cfg.schedule, rollout.num_samples

@@ -138,9 +138,9 @@ def shutdown(d: Dist) -> None:
 
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The repeated blocks of a transformers decoder (one FSDP2 unit each)."""
-    from gspo.models import _unwrap
+    from gspo.models import base_model
 
-    base = _unwrap(model)
+    base = base_model(model)
     body = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
     layers = getattr(body, "layers", None) or getattr(body, "h", None) or getattr(body, "blocks", None)
     if layers is None:

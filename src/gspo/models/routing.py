@@ -81,9 +81,9 @@ class RouteTracker:
     def forward(self, mode: str, rows: torch.Tensor, col_offset: int, mask: torch.Tensor, *, replay: bool = False):
         """Around one trainer forward of the rows `rows` (rollout indices), whose input column 0
         is rollout column `col_offset`; `mask` (b, l) marks real tokens. A forward that
-        `gspo.logprobs` splits into a call over each distinct prompt and one over the completions
+        `gspo.models.logprobs` splits into a call over each distinct prompt and one over the completions
         (``model.share_prompt``) announces its calls, and each is mapped back to these rows."""
-        from gspo.logprobs import announce_body_calls
+        from gspo.models.logprobs import announce_body_calls
 
         self._mode, self._replay = mode, replay
         self._slot = (rows.to(mask.device), col_offset, mask.bool(), None)
@@ -95,7 +95,7 @@ class RouteTracker:
             self._mode, self._slot, self._whole, self._replay = None, None, None, False
 
     def _on_body_call(self, rows, col_start, mask, fan_out) -> None:
-        """One decoder-body call of a split forward (see `gspo.logprobs.announce_body_calls`)."""
+        """One decoder-body call of a split forward (see `gspo.models.logprobs.announce_body_calls`)."""
         all_rows, off, _, _ = self._whole
         if mask is None:  # the split forward is over
             self._slot = self._whole

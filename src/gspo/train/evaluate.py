@@ -79,11 +79,11 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
 
 
 def evaluate_run(run) -> dict:
-    """A training run's held-out metrics (`gspo.setup.Run`), computed by rank 0 alone (other
+    """A training run's held-out metrics (`gspo.train.run.Run`), computed by rank 0 alone (other
     ranks return {}), on the generator's copy of the weights (full on every strategy)."""
     if not run.eval_rows or not run.dist.is_main:
         return {}
-    from gspo.setup import hf_generator
+    from gspo.train.run import hf_generator
 
     cfg = run.cfg
     generator = run.generator

@@ -12,8 +12,9 @@ shape `[{"role": "assistant", "content": text}]`; the built-ins accept both shap
 bool, or None when it cannot score that sample (the sample is then "missing"). NaN and inf are
 rejected: return None instead of NaN.
 
-`gspo.reward_runner.RewardRunner` (also importable from here) calls the functions in
-long-lived worker processes with a deadline.
+`gspo.rewards.runner.RewardRunner` calls the functions in long-lived worker processes with a
+deadline; `gspo.rewards.builtins` holds the built-in functions and `gspo.rewards.sandbox` the
+contained code execution of `code_tests`.
 """
 
 from __future__ import annotations
@@ -32,19 +33,10 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-
-
-class RewardError(RuntimeError):
-    """A reward function failed, hung, or broke the contract; the message names the function."""
-
-
-class RewardConfigError(ValueError):
-    """A reward name or spec is unusable (unknown name, failed import, bad weight)."""
-
-
-from gspo.reward_builtins import (  # noqa: E402,F401  (re-exported)
+from gspo.rewards.errors import RewardConfigError, RewardError  # noqa: F401  (re-exported)
+from gspo.rewards.builtins import (  # noqa: F401  (re-exported)
     BUILTIN_REWARDS, DEFAULT_FORMAT_PATTERN, completion_text, exact_answer, format_reward,
-    _import_math_verify, make_format_reward, math_verify,
+    import_math_verify, make_format_reward, math_verify,
 )
 
 
@@ -145,7 +137,7 @@ def resolve_reward(name: str | Callable) -> Callable:
     what = f"reward {name!r}"
     if name in BUILTIN_REWARDS:
         if name == "math_verify":  # fail at start-up, and let forked workers inherit the import
-            _import_math_verify()
+            import_math_verify()
         entry = BUILTIN_REWARDS[name]
         return _check_callable(_import_attr(entry, what) if isinstance(entry, str) else entry, what)
     if "." not in name and ":" not in name:
@@ -207,12 +199,3 @@ def reward_columns(rows: Sequence[dict], repeat: int) -> dict[str, list]:
     (JSONL rows may have different keys)."""
     names = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
     return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in names}
-
-
-def __getattr__(name: str):
-    # the runner lives in gspo.reward_runner (which imports this module); re-exported lazily
-    if name in ("RewardRunner", "RewardResult"):
-        from gspo import reward_runner
-
-        return getattr(reward_runner, name)
-    raise AttributeError(f"module 'gspo.rewards' has no attribute {name!r}")

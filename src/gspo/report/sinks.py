@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
-def _clean(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None  # JSON has no NaN; None reads back as "no value"
     if hasattr(v, "item"):
-        return _clean(v.item())
+        return jsonable(v.item())
     return v
 
 
@@ -27,7 +27,7 @@ class JsonlWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._f.write(json.dumps({k: jsonable(v) for k, v in record.items()}) + "\n")
         self._f.flush()
 
     def close(self) -> None:
@@ -36,7 +36,7 @@ class JsonlWriter:
 
 class Sinks:
     """Where rank 0's records go: metrics.jsonl, then the experiment trackers (`logging.report_to`,
-    `gspo.trackers.Trackers`), which also get each completions table."""
+    `gspo.report.trackers.Trackers`), which also get each completions table."""
 
     def __init__(self, jsonl: JsonlWriter, trackers):
         self.jsonl, self.trackers = jsonl, trackers
@@ -88,7 +88,7 @@ def write_completions(run_dir: Path, step: int, rows: Iterable[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n")
+            f.write(json.dumps({k: jsonable(v) for k, v in r.items()}) + "\n")
     return path
 
 

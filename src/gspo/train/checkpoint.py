@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from gspo import faults
-from gspo.state_io import (  # noqa: F401  (re-exported: part of this module's API)
-    CheckpointWarning, _load_scheduler, _scheduler_json, capture_rng_state, load_model_state,
+from gspo.train import faults
+from gspo.train.state_io import (  # noqa: F401  (re-exported: part of this module's API)
+    CheckpointWarning, load_scheduler_state, scheduler_json, capture_rng_state, load_model_state,
     load_optimizer_state, restore_rng_state, save_model_state, save_optimizer_state,
 )
 
@@ -155,7 +155,7 @@ def _write_manifest(tmp: Path, step: int, scheduler, state_text: str, config_tex
     """Rank 0, after every rank has written: the JSON files, then the manifest, which goes last
     so that its presence means 'complete'."""
     if scheduler is not None:
-        _write_text(tmp / SCHEDULER_FILE, json.dumps(_scheduler_json(scheduler), indent=1))
+        _write_text(tmp / SCHEDULER_FILE, json.dumps(scheduler_json(scheduler), indent=1))
     _write_text(tmp / TRAINER_STATE_FILE, state_text)
     _write_text(tmp / CONFIG_FILE, config_text)
     files = {}
@@ -211,7 +211,7 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
     JSON-able (tuples come back as lists, dict keys as strings). ``model`` is the unwrapped
     module (not DDP/FSDP).
 
-    Several processes (``comm``: a `gspo.distributed.Dist`) call this together: each writes its
+    Several processes (``comm``: a `gspo.train.distributed.Dist`) call this together: each writes its
     own RNG state and its part of ``write_state(tmp_dir)`` (a sharded model + optimizer writer;
     without one, rank 0 writes the plain files); rank 0 then writes the rest and publishes the
     checkpoint. The run directory must be one filesystem that all ranks see.
@@ -425,7 +425,7 @@ def load_checkpoint(path, *, model: torch.nn.Module, optimizer=None, scheduler=N
         if optimizer is not None and not sharded:
             load_optimizer_state(optimizer, path / OPTIMIZER_FILE)
         if scheduler is not None:
-            _load_scheduler(scheduler, json.loads((path / SCHEDULER_FILE).read_text(encoding="utf-8")))
+            load_scheduler_state(scheduler, json.loads((path / SCHEDULER_FILE).read_text(encoding="utf-8")))
         trainer_state = json.loads((path / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
         if restore_rng:
             rng_file = path / _rng_file(rank)
@@ -442,13 +442,13 @@ def load_checkpoint(path, *, model: torch.nn.Module, optimizer=None, scheduler=N
 
 
 def save_run(run, state) -> Path:
-    """Checkpoint a training run (`gspo.setup.Run`) after `state.step` optimizer steps: the
+    """Checkpoint a training run (`gspo.train.run.Run`) after `state.step` optimizer steps: the
     policy (the adapters alone with LoRA on one process), optimizer, scheduler, trainer state,
     every rank's RNG and the resolved config; sharded by `torch.distributed.checkpoint` under
     FSDP2."""
     from dataclasses import asdict
 
-    from gspo import distributed
+    from gspo.train import distributed
     from gspo.config import to_yaml
 
     d, cfg = run.dist, run.cfg
@@ -462,8 +462,8 @@ def save_run(run, state) -> Path:
 
 def restore_run(run, path: Path) -> dict:
     """Load `path` into the run and push the weights to the generator; returns the trainer state."""
-    from gspo import distributed
-    from gspo.setup import push_weights
+    from gspo.train import distributed
+    from gspo.train.run import push_weights
 
     sharded = run.dist.enabled and run.dist.strategy == "fsdp"
     read = (lambda p: distributed.load_sharded(p, run.trainer, run.optimizer)) if sharded else None

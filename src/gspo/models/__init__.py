@@ -1,6 +1,6 @@
 """Loading policies (`load_policy`: any HF causal LM, local path or hub id, offline-safe), their
 EOS ids and position ids, and the CPU attention path for grouped-query models. The trainer's
-log-probabilities are computed in `gspo.logprobs`."""
+log-probabilities are computed in `gspo.models.logprobs`."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def use_cpu_gqa_attention(model) -> bool:
     `_sdpa_gqa` (same numbers; measured ~10x cheaper per attention call at 128 rows x 50 cached
     tokens, which shows in decoding, where every step re-reads the whole cache). Returns whether
     it did. Not saved with the model: ``save_pretrained`` writes no attention implementation."""
-    cfg = getattr(_unwrap(model), "config", None)
+    cfg = getattr(base_model(model), "config", None)
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     first = next(iter(model.parameters()), None)
     if (cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not kv or kv >= heads
@@ -201,11 +201,11 @@ def use_cpu_gqa_attention(model) -> bool:
 
     AttentionInterface.register(_GQA_SDPA, _sdpa_gqa)
     AttentionMaskInterface.register(_GQA_SDPA, sdpa_mask)
-    _unwrap(model).set_attn_implementation(_GQA_SDPA)
+    base_model(model).set_attn_implementation(_GQA_SDPA)
     return True
 
 
-def _unwrap(model):
+def base_model(model):
     """The transformers model inside a PEFT wrapper (LoRA layers stay injected in place)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
@@ -237,4 +237,4 @@ def is_activation_checkpointing(model) -> bool:
     """Whether a layer of the transformers model inside `model` (PEFT-wrapped or not) recomputes
     its activations in the backward pass."""
     name = "is_activation_checkpointing" if _ACTIVATION_CHECKPOINTING else "is_gradient_checkpointing"
-    return bool(getattr(_unwrap(model), name, False))
+    return bool(getattr(base_model(model), name, False))

@@ -4,7 +4,7 @@
   `\\boxed{...}` or `<answer>...</answer>`).
 - `math_verify`: mathematical equivalence with the `answer` column, via the `math-verify` package.
 - `format`: the completion fully matches a regular expression.
-- `code_tests`: runs model-written code against tests (gspo.sandbox; opt-in only).
+- `code_tests`: runs model-written code against tests (gspo.rewards.sandbox; opt-in only).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import functools
 import re
 import threading
 from typing import Any, Callable
+
+from gspo.rewards.errors import RewardConfigError
 
 
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -61,12 +63,10 @@ def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float | No
     return out
 
 
-def _import_math_verify():
+def import_math_verify():
     try:
         from math_verify import parse, verify
     except ImportError as e:
-        from gspo.rewards import RewardConfigError  # late import: gspo.rewards imports this module
-
         raise RewardConfigError("reward 'math_verify' needs the math-verify package: pip install 'gspo[math]'") from e
     return parse, verify
 
@@ -79,7 +79,7 @@ def math_verify(prompts, completions, answer=None, **kwargs) -> list[float | Non
     there (as in RewardRunner's workers) and turned off elsewhere, where only the runner's
     deadline bounds the call. Needs the optional extra `gspo[math]`.
     """
-    parse, verify = _import_math_verify()
+    parse, verify = import_math_verify()
     if answer is None:
         return [None] * len(completions)
     t = 5 if threading.current_thread() is threading.main_thread() else None
@@ -118,5 +118,5 @@ BUILTIN_REWARDS: dict[str, Callable | str] = {
     "exact_answer": exact_answer,
     "math_verify": math_verify,
     "format": format_reward,
-    "code_tests": "gspo.sandbox:code_tests_reward",
+    "code_tests": "gspo.rewards.sandbox:code_tests_reward",
 }

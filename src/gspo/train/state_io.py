@@ -1,7 +1,7 @@
 """Serialising one training state without pickle: model and optimizer tensors, the scheduler's
 JSON-able state, and every RNG's state.
 
-`gspo.checkpoint` puts these files into a crash-safe checkpoint directory; they are separate so
+`gspo.train.checkpoint` puts these files into a crash-safe checkpoint directory; they are separate so
 that a sharded (torch.distributed.checkpoint) writer can replace the model/optimizer part.
 Tensors go through safetensors or ``torch.load(weights_only=True)``, everything else JSON.
 """
@@ -77,7 +77,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
 # ----------------------------------------------------------------------------- scheduler / RNG
 
 
-def _scheduler_json(scheduler) -> dict:
+def scheduler_json(scheduler) -> dict:
     """The JSON-able entries of ``scheduler.state_dict()``; the rest (e.g. lambdas) is rebuilt by code."""
     state, dropped = {}, []
     for key, value in scheduler.state_dict().items():
@@ -89,7 +89,7 @@ def _scheduler_json(scheduler) -> dict:
     return {"state": state, "dropped": dropped}
 
 
-def _load_scheduler(scheduler, saved: dict) -> None:
+def load_scheduler_state(scheduler, saved: dict) -> None:
     # Start from the live state dict so entries we could not store (lr_lambdas, ...) keep the
     # values the trainer's code just built.
     state = scheduler.state_dict()

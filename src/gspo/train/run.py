@@ -18,18 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from gspo import checkpoint as ckpt
-from gspo import distributed
+from gspo.train import checkpoint as ckpt
+from gspo.train import distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
-from gspo.distributed import Dist
+from gspo.train.distributed import Dist
 from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
                          use_cpu_gqa_attention)
-from gspo.logprobs import LogprobModule
-from gspo.reward_runner import RewardRunner
+from gspo.models.logprobs import LogprobModule
+from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator
-from gspo.routing import RouteTracker, find_routers
+from gspo.models.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS, make_task
 
 
@@ -99,7 +99,7 @@ def build_policy(cfg: Config, device: torch.device | None = None):
     m = cfg.model
     device = device or resolve_device(m.device)
     if m.name_or_path == "tiny":
-        from gspo.tiny import build_char_tokenizer, build_tiny_model
+        from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
         tok = build_char_tokenizer("".join(sorted(TASK_CHARS)))
         model = build_tiny_model(tok, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_num_layers,
@@ -165,7 +165,7 @@ class Run:
     scheduler: Any
     chat: bool
     old_logp: str                     # rollout.old_logp resolved: trainer | sampler
-    routes: Any = None                # gspo.routing.RouteTracker on a MoE model
+    routes: Any = None                # gspo.models.routing.RouteTracker on a MoE model
     resume_from: Path | None = None   # the checkpoint to resume from
 
     @property
@@ -213,10 +213,10 @@ def _check_extras(cfg: Config) -> None:
         except ImportError:
             raise ConfigError("config field 'lora.enabled': LoRA needs peft: pip install 'gspo[lora]'") from None
     if cfg.rollout.backend == "vllm":
-        from gspo.vllm_backend import check_available
+        from gspo.rollout.vllm import check_available
 
         check_available()  # vllm importable, and a CUDA device or a CPU build of vLLM
-    from gspo.trackers import check_available as check_trackers
+    from gspo.report.trackers import check_available as check_trackers
 
     check_trackers(cfg.logging.report_to)  # each named tracker's package
 
@@ -233,7 +233,7 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist):
     new weights through `push_weights` after every update. Under torchrun every process runs
     its own engine on its own prompts (a vLLM data-parallel rank); under FSDP2 it is fed from
     the full copy that `push_weights` refreshes."""
-    from gspo.vllm_backend import VLLMGenerator
+    from gspo.rollout.vllm import VLLMGenerator
 
     r, v = cfg.rollout, cfg.vllm
     max_len = v.max_model_len

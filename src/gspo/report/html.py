@@ -4,7 +4,7 @@ A run directory holds ``config.yaml``, ``metrics.jsonl`` (one JSON object per op
 and ``completions/step-NNNNNN.jsonl`` (sampled completions). Every metric key is optional and
 values may be null/NaN; a truncated last line (a run killed mid-write) is skipped.
 
-    >>> from gspo.report import make_report
+    >>> from gspo.report.html import make_report
     >>> make_report([Path("runs/a"), Path("runs/b")], Path("out"))  # -> out/report.html
 
 matplotlib is only needed by :func:`make_report` (``pip install 'gspo[report]'``).

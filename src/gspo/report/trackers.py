@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from gspo.config import Config, ConfigError, to_yaml
-from gspo.metrics import _clean, read_metrics
+from gspo.config import TRACKER_NAMES, Config, ConfigError, to_yaml
+from gspo.report.sinks import jsonable, read_metrics
 
 
 def check_available(names: list[str]) -> None:
@@ -107,7 +107,7 @@ def scalars(record: dict) -> dict[str, float]:
     """A metrics.jsonl record's numbers, without its step and without None / NaN / inf."""
     out = {}
     for k, v in record.items():
-        v = _clean(v)
+        v = jsonable(v)
         if k != "step" and isinstance(v, (int, float)):
             out[k] = float(v)
     return out
@@ -119,8 +119,8 @@ def completions_table(rows: list[dict]) -> tuple[list[str], list[list]]:
     fns = list(rows[0].get("rewards", {})) if rows else []
     columns = ["step", "prompt", "completion", "reward", "advantage", "finish_reason", *(f"reward/{f}" for f in fns)]
     data = [[r["step"], r["prompt"] if isinstance(r["prompt"], str) else json.dumps(r["prompt"]),
-             r["completion"], _clean(r["reward"]), _clean(r["advantage"]), r["finish_reason"],
-             *(_clean(r["rewards"][f]) for f in fns)] for r in rows]
+             r["completion"], jsonable(r["reward"]), jsonable(r["advantage"]), r["finish_reason"],
+             *(jsonable(r["rewards"][f]) for f in fns)] for r in rows]
     return columns, data
 
 

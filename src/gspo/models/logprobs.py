@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gspo.models import CACHE_KWARG, _unwrap, is_activation_checkpointing, position_ids_from_mask
+from gspo.models import CACHE_KWARG, base_model, is_activation_checkpointing, position_ids_from_mask
 
 # ----------------------------------------------------------------------------- LM head pieces
 
@@ -31,7 +31,7 @@ def _text_config(model):
 
 def _logit_transform(model):
     """(scale, softcap) applied to the head's output by some architectures' forward."""
-    cfg = _text_config(_unwrap(model))
+    cfg = _text_config(base_model(model))
     scale = 1.0
     if getattr(cfg, "logit_scale", None) is not None:  # Cohere: logits * logit_scale
         scale *= float(cfg.logit_scale)
@@ -64,7 +64,7 @@ def _final_hidden(model, input_ids, attention_mask, position_ids) -> torch.Tenso
 
 
 def _decoder_body(model):
-    base = _unwrap(model)
+    base = base_model(model)
     body = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
     return body if body is not None and body is not base else None
 
@@ -96,7 +96,7 @@ def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, com
 
 
 # Listeners told which tokens each decoder-body call of `token_logprobs` runs (MoE route
-# tracking, `gspo.routing.RouteTracker`): fn(rows, col_start, mask, fan_out) before each call
+# tracking, `gspo.models.routing.RouteTracker`): fn(rows, col_start, mask, fan_out) before each call
 # and fn(None, 0, None, None) after the last; see `announce_body_calls`.
 _BODY_CALL_LISTENERS: list = []
 
@@ -141,7 +141,7 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
     body = _decoder_body(model)
     if body is None or is_activation_checkpointing(model):
         return None  # (checkpointed layers drop the cache)
-    cache = DynamicCache(config=_text_config(_unwrap(model)))
+    cache = DynamicCache(config=_text_config(base_model(model)))
     if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
         return None  # attention key/value caches only (full or sliding), not recurrent states
     plan = prompt_share_plan(input_ids, attention_mask, t)
@@ -235,7 +235,7 @@ _HEAD_OK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _head_matches_forward(model, head, scale, softcap, input_ids, attention_mask) -> bool:
     """Once per model: does head(final hidden) reproduce ``model(...).logits``? Guards against
     architectures whose forward transforms the logits in a way `_logit_transform` misses."""
-    key = _unwrap(model)
+    key = base_model(model)
     if key in _HEAD_OK:
         return _HEAD_OK[key]
     row = int(attention_mask.sum(dim=1).argmax())  # up to 16 real tokens of the longest row
@@ -313,7 +313,7 @@ def token_logprobs(
     out = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T)
     if t == 0:
         return out
-    base = _unwrap(model)
+    base = base_model(model)
     head = base.get_output_embeddings()
     scale, softcap = _logit_transform(model)
     if head is None or not _head_matches_forward(

