@@ -2,7 +2,7 @@
 
     python bench/flops.py                                 # hidden 1024, 4 layers, 64 x 128 tokens (~2.5 min)
     python bench/flops.py --quick                         # seconds: the test's smoke run
-    python bench/flops.py --out flops.json model.tiny_num_layers=6   # key=value overrides, as bench/step.py
+    python bench/flops.py --out flops.json tiny.num_layers=6   # key=value overrides, as bench/step.py
 
 (a) Matmul peak. fp32 `torch.mm` at the shapes the measured model runs (tokens x hidden times
 hidden x {hidden, hidden/2 (k, v), intermediate}, intermediate x hidden, their backward
@@ -70,10 +70,10 @@ import step as bench_step  # noqa: E402  (bench/step.py)
 # as MoE, bf16 and vLLM runs have it (a dense fp32 run on the hf backend skips it by default);
 # schedule.skip_zero_advantage=false: every row runs, whatever the rewards
 # (equal-reward groups would otherwise leave the passes)
-DEFAULT = ["model.tiny_hidden_size=1024", "model.tiny_num_layers=4", "rollout.max_new_tokens=128",
+DEFAULT = ["tiny.hidden_size=1024", "tiny.num_layers=4", "rollout.max_new_tokens=128",
            "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.old_logp=trainer",
            "schedule.skip_zero_advantage=false"]
-QUICK = ["model.tiny_hidden_size=128", "model.tiny_num_layers=2", "rollout.max_new_tokens=8",
+QUICK = ["tiny.hidden_size=128", "tiny.num_layers=2", "rollout.max_new_tokens=8",
          "rollout.prompts_per_step=4", "rollout.group_size=4", "data.num_prompts=200", "rollout.old_logp=trainer",
          "schedule.skip_zero_advantage=false"]
 PHASES = ("generate", "pi_old", "update")

@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 /usr/bin/time -v python3 -m gspo demo --quick --out /tmp/gpu-demo 2>&1 | tail -40 | tee "$OUT/demo.txt"
 python3 -c "import json; print(json.load(open('/tmp/gpu-demo/config.yaml'.replace('config.yaml','summary.json'))))"
-time python3 -m gspo train model.tiny_hidden_size=512 model.tiny_num_layers=4 rollout.prompts_per_step=64 \
+time python3 -m gspo train tiny.hidden_size=512 tiny.num_layers=4 rollout.prompts_per_step=64 \
   rollout.max_new_tokens=16 schedule.rollouts=10 eval.num_prompts=64 logging.console=false \
   output.dir=/tmp/gpu-runs output.name=bigger 2>&1 | tail -5
 python3 - <<'PY' | tee "$OUT/bigger.txt"

@@ -20,6 +20,7 @@ import time
 import torch
 
 from gspo.algo import policy_loss
+from gspo.config import PAPER_CLIP
 from gspo.models.logprobs import head_logprobs
 
 
@@ -41,7 +42,8 @@ def run(kind, head, hidden0, targets, old_logp, adv, mask, B, T, chunk):
         lp = naive_logprobs(head, hidden, targets)
     else:
         lp = head_logprobs(head, hidden, targets, chunk_size=chunk)
-    loss, _ = policy_loss(lp.view(B, T), old_logp, adv, mask)
+    loss, _ = policy_loss(lp.view(B, T), old_logp, adv, mask, level="sequence", eps_low=PAPER_CLIP["sequence"][0],
+                          eps_high=PAPER_CLIP["sequence"][1], max_log_ratio=10.0)
     loss.backward()
     if dev.type == "cuda":
         torch.cuda.synchronize()

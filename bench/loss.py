@@ -78,7 +78,8 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "src"))
-    from gspo.algo import default_clip, policy_loss
+    from gspo.algo import policy_loss
+    from gspo.config import PAPER_CLIP
 
     level, aggregation = args.level, args.aggregation or None
     max_len = args.seq_len if args.max_len else None
@@ -89,7 +90,7 @@ def worker(args) -> None:
 
         k = args.ref_seqs
         logp, old, adv, mask = logp[:k], old[:k], adv[:k], mask[:k]
-        eps_low, eps_high = default_clip(level)
+        eps_low, eps_high = PAPER_CLIP[level]
 
         def loss_fn(x):
             return reference_policy_loss(
@@ -97,7 +98,8 @@ def worker(args) -> None:
                 aggregation=aggregation or "seq-mean-token-mean", max_len=max_len)[0]
     else:
         def loss_fn(x):
-            return policy_loss(x, old, adv, mask, level=level, aggregation=aggregation,
+            return policy_loss(x, old, adv, mask, level=level, eps_low=PAPER_CLIP[level][0],
+                               eps_high=PAPER_CLIP[level][1], aggregation=aggregation, max_log_ratio=10.0,
                                max_len=max_len)[0]
     x = logp.requires_grad_()
 
@@ -121,7 +123,8 @@ def worker(args) -> None:
     # the vectorised loss on the same subset, to check the two agree where both ran
     check = None
     if args.impl == "reference":
-        check = policy_loss(logp.detach(), old, adv, mask, level=level, aggregation=aggregation,
+        check = policy_loss(logp.detach(), old, adv, mask, level=level, eps_low=PAPER_CLIP[level][0],
+                            eps_high=PAPER_CLIP[level][1], aggregation=aggregation, max_log_ratio=10.0,
                             max_len=max_len)[0].item()
     print(json.dumps({"time_s": statistics.median(times), "min_s": min(times),
                       "tokens": int(mask.sum()), "loss": loss, "check": check,

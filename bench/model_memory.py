@@ -274,13 +274,15 @@ def _grad_names(model: Any) -> list[str]:
 def _step(model: Any, path: str, inputs: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any]:
     """Log-probs by `path`, GSPO loss and backward; returns (loss, logp), both detached."""
     from gspo.algo import policy_loss
+    from gspo.config import PAPER_CLIP
     from gspo.models.logprobs import naive_token_logprobs, token_logprobs
 
     fn = token_logprobs if path == "chunked" else naive_token_logprobs
     logp = fn(model, inputs["input_ids"], inputs["attention_mask"], args.completion_len,
               temperature=1.0, chunk_size=args.chunk_size)  # (N, T) fp32
     old_logp = logp.detach() + inputs["noise"]  # (N, T)
-    loss, _ = policy_loss(logp, old_logp, inputs["adv"], inputs["mask"], level="sequence")
+    loss, _ = policy_loss(logp, old_logp, inputs["adv"], inputs["mask"], level="sequence",
+                          eps_low=PAPER_CLIP["sequence"][0], eps_high=PAPER_CLIP["sequence"][1], max_log_ratio=10.0)
     loss.backward()
     return loss.detach(), logp.detach()
 

@@ -9,7 +9,7 @@ x G=8 completions, max_new_tokens=32, the library's 4 minibatches and thread def
 
     G       rollout.group_size      4, 8, 16, 32   (prompts fixed at 8: 32 ... 256 completions)
     length  rollout.max_new_tokens  16, 32, 64, 128
-    width   model.tiny_hidden_size  128, 256, 512, 1024   (2 layers; the tiny MLP stays 128 wide)
+    width   tiny.hidden_size  128, 256, 512, 1024   (2 layers; the tiny MLP stays 128 wide)
 
 Every completion runs to max_new_tokens (bench/step.py:force_full_length: the generator's EOS id
 is one past the vocabulary; the random model would otherwise stop ~1 in |V| tokens); the mean
@@ -51,18 +51,18 @@ PHASES = ("step", "generate", "pi_old", "update", "score")
 FLOP_PHASES = ("generate", "pi_old", "update")
 # rollout.old_logp=trainer: the pi_old pass is measured too (MoE, bf16 and vLLM runs have it; a
 # dense fp32 run on the hf backend skips it by default); every row runs, whatever the rewards
-BASE = {"model.tiny_hidden_size": 256, "model.tiny_num_layers": 2, "rollout.prompts_per_step": 8,
+BASE = {"tiny.hidden_size": 256, "tiny.num_layers": 2, "rollout.prompts_per_step": 8,
         "rollout.group_size": 8, "rollout.max_new_tokens": 32, "rollout.old_logp": "trainer",
         "schedule.skip_zero_advantage": False}
 AXES = {"G": ("rollout.group_size", [4, 8, 16, 32]),
         "length": ("rollout.max_new_tokens", [16, 32, 64, 128]),
-        "width": ("model.tiny_hidden_size", [128, 256, 512, 1024])}
+        "width": ("tiny.hidden_size", [128, 256, 512, 1024])}
 QUICK_BASE = {"rollout.old_logp": "trainer", "schedule.skip_zero_advantage": False,
-              "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
+              "tiny.hidden_size": 32, "tiny.num_layers": 1,
               "rollout.prompts_per_step": 2,
               "rollout.group_size": 2, "rollout.max_new_tokens": 4, "data.num_prompts": 64}
 QUICK_AXES = {"G": ("rollout.group_size", [2, 4]), "length": ("rollout.max_new_tokens", [4, 8]),
-              "width": ("model.tiny_hidden_size", [32, 64])}
+              "width": ("tiny.hidden_size", [32, 64])}
 
 
 def fit_exponent(xs, ys) -> float:

@@ -1,7 +1,7 @@
 """Wall time of one GSPO training step, by phase: generate, score, pi_old pass, update.
 
     python bench/step.py                                  # the demo's tiny model, library thread default
-    python bench/step.py --threads 2 model.tiny_hidden_size=512 model.tiny_num_layers=4
+    python bench/step.py --threads 2 tiny.hidden_size=512 tiny.num_layers=4
     python bench/step.py --compare-threads                # 1 vs 2 threads x OMP_WAIT_POLICY (~8 min)
 
 The step is the one `gspo.train.train` runs: `train.produce` (prompts -> generator.generate ->
@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 PHASES = ("generate", "score", "pi_old", "update")
 # the bigger, compute-bound shape of --compare-threads (16 prompts x 8, so that a cell stays ~20 s)
-BIG_MODEL = ["model.tiny_hidden_size=512", "model.tiny_num_layers=4", "rollout.max_new_tokens=32",
+BIG_MODEL = ["tiny.hidden_size=512", "tiny.num_layers=4", "rollout.max_new_tokens=32",
              "rollout.prompts_per_step=16"]
 # (label, torch threads, OMP_WAIT_POLICY: None = unset)
 VARIANTS = [
@@ -206,8 +206,8 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
         "samples": records[0]["samples"],
         "max_new_tokens": cfg.rollout.max_new_tokens,
         "params": n_params,
-        "hidden": cfg.model.tiny_hidden_size if cfg.model.name_or_path == "tiny" else None,
-        "layers": cfg.model.tiny_num_layers if cfg.model.name_or_path == "tiny" else None,
+        "hidden": cfg.tiny.hidden_size if cfg.model.name_or_path == "tiny" else None,
+        "layers": cfg.tiny.num_layers if cfg.model.name_or_path == "tiny" else None,
         "model": cfg.model.name_or_path,
         "threads": torch.get_num_threads(),
         "omp_wait_policy": _OMP_AT_START,

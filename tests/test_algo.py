@@ -8,14 +8,34 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gspo.algo import (
-    DEFAULT_CLIP,
-    LEVELS,
-    default_clip,
-    policy_loss,
-    sequence_log_ratio,
-    validate_algo,
-)
+from gspo import algo
+from gspo.algo import LEVELS, sequence_log_ratio
+from gspo.config import PAPER_CLIP, AlgoConfig
+
+
+def _defaults(level: str, kw: dict) -> dict:
+    """gspo's defaults where a test leaves them out (the algo layer has none): the level's
+    clip range from gspo.config.PAPER_CLIP and AlgoConfig's max_log_ratio."""
+    lo, hi = PAPER_CLIP.get(level, PAPER_CLIP["sequence"])
+    return {"eps_low": lo, "eps_high": hi, "max_log_ratio": AlgoConfig.max_log_ratio, **kw}
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, level="sequence", **kw):
+    return algo.policy_loss(logp, old_logp, advantages, mask, level=level, **_defaults(level, kw))
+
+
+def validate_algo(level="sequence", eps_low=None, eps_high=None, aggregation=None, max_len=None, **kw):
+    given = {k: v for k, v in (("eps_low", eps_low), ("eps_high", eps_high)) if v is not None}
+    d = _defaults(level, {**given, **kw})
+    return algo.validate_algo(level, d["eps_low"], d["eps_high"], aggregation, max_len,
+                              max_log_ratio=d["max_log_ratio"])
+
+
+def default_clip(level):
+    return PAPER_CLIP[level]
+
+
+DEFAULT_CLIP = PAPER_CLIP
 
 F64 = torch.float64
 SEQ_EPS = (3e-4, 4e-4)  # paper section 5.1
@@ -206,6 +226,18 @@ def test_kl_k3_hand_value():
     _, m = policy_loss(logp, torch.zeros(1, 2, dtype=F64), torch.ones(1, dtype=F64),
                        torch.ones(1, 2, dtype=torch.bool))
     assert m["kl/approx"] == pytest.approx((1 - math.log(2.0)) / 2, rel=1e-12)
+
+
+def test_the_math_has_no_default_clip_range_and_the_config_fills_the_papers():
+    from gspo.config import load_config
+
+    args = (torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1, dtype=torch.bool))
+    with pytest.raises(TypeError, match="eps_low"):
+        algo.policy_loss(*args, level="sequence", eps_high=4e-4, max_log_ratio=10.0)
+    for level, clip in PAPER_CLIP.items():
+        a = load_config(None, [f"algo.level={level}"]).algo
+        assert (a.eps_low, a.eps_high) == clip
+    assert load_config(None, ["algo.level=token", "algo.eps_high=0.28"]).algo.eps_high == 0.28
 
 
 def test_default_clip_is_per_level():

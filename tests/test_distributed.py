@@ -21,8 +21,7 @@ from safetensors.torch import load_file
 
 TESTS = Path(__file__).parent
 REWARD = "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"  # moves a random model
-RUN = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8", "data.eval_num_prompts=8",
-       "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.temperature=1.5",
+RUN = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.temperature=1.5",
        "rollout.batch_size=8",  # sampling chunks of 8 rows: the same samples on 1 or 2 processes
        "schedule.rollouts=3", "schedule.num_minibatches=2", "eval.num_prompts=4", "logging.console=false",
        "logging.completions_every=1", "checkpoint.every=1", "checkpoint.keep_last=10", "optim.lr=1e-3", REWARD]
@@ -124,7 +123,7 @@ def test_moe_with_route_tracking_under_fsdp_matches_one_process(tmp_path):
     """A MoE model: the π_old pass records routes through shared-prompt forwards (every rank
     agreeing on sharing), rows with advantage 0 are skipped, and routing/changed_frac is
     reduced over ranks: the 2-process run gives the 1-process parameters and metrics."""
-    extra = ("model.tiny_moe=true", "model.tiny_num_experts=4", "schedule.rollouts=2")
+    extra = ("tiny.moe=true", "tiny.num_experts=4", "schedule.rollouts=2")
     one = train(tmp_path, "one", *extra)
     fsdp = train(tmp_path, "fsdp", *extra, nproc=2)
     assert max_diff(final(one), final(fsdp)) <= TOL

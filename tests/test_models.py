@@ -20,7 +20,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    return build_tiny_model(tok, seed=1)
+    return build_tiny_model(tok, hidden_size=64, num_layers=2, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_char_tokenizer_custom_chars():
 def test_tiny_model_round_trip(tok, tmp_path, moe):
     from transformers import AutoModelForCausalLM
 
-    m = build_tiny_model(tok, moe=moe, seed=3)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, moe=moe, seed=3)
     assert type(m).__name__ == ("Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM")
     assert m.config.vocab_size == len(tok) and m.dtype == torch.float32
     assert m.lm_head.weight is m.model.embed_tokens.weight  # tied
@@ -107,10 +107,10 @@ def test_tiny_model_round_trip(tok, tmp_path, moe):
 
 def test_tiny_model_seeded_and_rng_untouched(tok):
     state = torch.random.get_rng_state()
-    a, b = build_tiny_model(tok, seed=7), build_tiny_model(tok, seed=7)
+    a, b = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=7), build_tiny_model(tok, hidden_size=64, num_layers=2, seed=7)
     assert torch.equal(torch.random.get_rng_state(), state)
     assert torch.equal(a.lm_head.weight, b.lm_head.weight)
-    assert not torch.equal(a.lm_head.weight, build_tiny_model(tok, seed=8).lm_head.weight)
+    assert not torch.equal(a.lm_head.weight, build_tiny_model(tok, hidden_size=64, num_layers=2, seed=8).lm_head.weight)
 
 
 # ----------------------------------------------------------------------------- token_logprobs
@@ -234,7 +234,7 @@ def test_logits_never_materialised_for_whole_batch(tok, monkeypatch):
     [tokens × vocab] values (the naive reference breaks both, so the test can fail)."""
     monkeypatch.setattr(gspo.models.logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", 0)  # as for a real vocabulary
     # hidden_size 32 so no activation width coincides with the vocabulary size (51).
-    m = build_tiny_model(tok, hidden_size=32, intermediate_size=64)
+    m = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64)
     v, chunk = len(tok), 8
     ids = torch.randint(4, v, (6, 20))  # 6 × 12 = 72 completion tokens
     mask = torch.ones_like(ids)
@@ -260,7 +260,7 @@ def test_logits_never_materialised_for_whole_batch(tok, monkeypatch):
 
 
 def test_moe_chunked_equals_naive(tok):
-    m = build_tiny_model(tok, moe=True, seed=2)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, moe=True, seed=2)
     ids, mask = _batch(len(tok), seed=1)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -270,7 +270,7 @@ def test_moe_chunked_equals_naive(tok):
 
 
 def test_bfloat16_chunked_equals_naive(tok):
-    m = build_tiny_model(tok).to(torch.bfloat16)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2).to(torch.bfloat16)
     ids, mask = _batch(len(tok))
     with torch.no_grad():
         torch.testing.assert_close(
@@ -280,7 +280,7 @@ def test_bfloat16_chunked_equals_naive(tok):
 
 
 def test_unrecognised_logit_transform_falls_back_to_naive(tok):
-    m = build_tiny_model(tok, seed=4)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=4)
     plain_forward = m.forward
 
     def scaled_forward(*args, **kwargs):  # an architecture that rescales its logits
@@ -367,7 +367,7 @@ def test_load_policy_offline_hub_id(monkeypatch, tmp_path):
 
 def test_eos_token_ids(model, tok):
     assert eos_token_ids(model, tok) == [1]
-    m = build_tiny_model(tok)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2)
     m.generation_config.eos_token_id = [7, 1, 7, 9]
     assert eos_token_ids(m, tok) == [7, 1, 9]
     m.generation_config.eos_token_id = None
@@ -388,7 +388,7 @@ def test_small_logits_skip_recompute_with_equal_values_and_gradients(tok, monkey
     results = []
     for limit in (0, 1 << 30):
         monkeypatch.setattr(gspo.models.logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", limit)
-        m = build_tiny_model(tok, seed=4)
+        m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=4)
         out = token_logprobs(m, ids, mask, 5, chunk_size=7)
         out.sum().backward()
         results.append((out.detach(), m.lm_head.weight.grad.clone(), m.model.layers[0].mlp.up_proj.weight.grad.clone()))
@@ -406,7 +406,7 @@ def test_cpu_gqa_attention_gives_the_same_numbers(tok, moe):
     ids, mask = _batch(len(tok), seed=6)
     got = []
     for switch in (False, True):
-        m = build_tiny_model(tok, seed=7, moe=moe)
+        m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=7, moe=moe)
         assert m.config.num_key_value_heads < m.config.num_attention_heads
         if switch:
             assert use_cpu_gqa_attention(m) and m.config._attn_implementation != "sdpa"

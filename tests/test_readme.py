@@ -19,11 +19,11 @@ README = (ROOT / "README.md").read_text()
 # What the tests append to a README command to keep it small; the command itself runs as written.
 SHRINK = {
     "gspo demo": ["--quick"],
-    "gspo train": ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "rollout.prompts_per_step=4",
+    "gspo train": ["tiny.hidden_size=32", "tiny.num_layers=1", "rollout.prompts_per_step=4",
                    "schedule.rollouts=2", "eval.num_prompts=8", "logging.console=false"],
     "gspo eval": [],
     "gspo report": [],
-    "torchrun": ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "rollout.prompts_per_step=4",
+    "torchrun": ["tiny.hidden_size=32", "tiny.num_layers=1", "rollout.prompts_per_step=4",
                  "rollout.batch_size=16", "schedule.rollouts=2", "eval.num_prompts=8", "logging.console=false"],
 }
 

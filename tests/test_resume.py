@@ -21,8 +21,7 @@ from gspo.cli import main
 
 TESTS = Path(__file__).parent
 # 8 prompts at 4 per rollout: an epoch is 2 rollouts, so resuming after rollout 2 crosses an epoch boundary
-TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8", "data.eval_num_prompts=8",
-        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
+TINY = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
         "schedule.rollouts=4", "schedule.num_minibatches=2", "eval.num_prompts=4", "eval.every=3",
         "logging.console=false", "logging.completions_every=1", "checkpoint.every=1", "checkpoint.keep_last=10",
         "rollout.temperature=1.5", "optim.lr=1e-3",

@@ -20,7 +20,7 @@ def tok():
 def model(tok):
     """A tiny Qwen3 whose untied head has a bias towards EOS (p ≈ 0.13 per step), so that with
     8 new tokens roughly two thirds of completions end by EOS and one third by length."""
-    m = build_tiny_model(tok, seed=0)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=0)
     head = torch.nn.Linear(m.config.hidden_size, len(tok), bias=True)
     with torch.no_grad():
         head.weight.copy_(m.lm_head.weight)
@@ -74,7 +74,7 @@ def test_shapes_masks_and_finish_reasons(model, tok):
 @pytest.mark.parametrize("moe", [False, True])
 def test_sampler_logp_equals_trainer_logp(tok, moe):
     """The sampler's log-probs and the trainer's π_old recomputation must agree (GSPO.md)."""
-    m = build_tiny_model(tok, moe=moe, seed=5)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, moe=moe, seed=5)
     r = _generate(m, tok, temperature=0.7, batch_size=5)
     t = r.completion_ids.shape[1]
     with torch.no_grad():

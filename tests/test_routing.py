@@ -202,7 +202,7 @@ def test_replay_through_a_shared_prompt_forward_equals_unshared_replay(moe):
         natural = _grouped_pass(tracker, LogprobModule(model, share_prompt=True), ids, mask, "compare")
     assert not torch.allclose(natural, a, atol=1e-4)
 
-TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=2", "model.tiny_moe=true", "data.num_prompts=8",
+TINY = ["tiny.hidden_size=32", "tiny.num_layers=2", "tiny.moe=true", "data.num_prompts=8",
         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "schedule.rollouts=2",
         "schedule.num_minibatches=2", "eval.enabled=false", "logging.console=false", "optim.lr=1e-2",
         "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]
@@ -229,11 +229,11 @@ def test_sampler_as_pi_old_logs_mismatch_of_zero_for_the_same_model(tmp_path):
 def test_tiny_moe_shape_from_the_config(tmp_path):
     from gspo.train.run import build_policy
 
-    model, _ = build_policy(load_config(None, [*TINY, "model.tiny_num_experts=6", "model.tiny_experts_per_tok=3"]))
+    model, _ = build_policy(load_config(None, [*TINY, "tiny.num_experts=6", "tiny.experts_per_tok=3"]))
     routers = find_routers(model)
     assert len(routers) == 2 and all(r.num_experts == 6 and r.top_k == 3 for r in routers)
-    with pytest.raises(ConfigError, match="model.tiny_experts_per_tok"):
-        load_config(None, [*TINY, "model.tiny_num_experts=2", "model.tiny_experts_per_tok=3"])
+    with pytest.raises(ConfigError, match="tiny.experts_per_tok"):
+        load_config(None, [*TINY, "tiny.num_experts=2", "tiny.experts_per_tok=3"])
 
 
 def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):

@@ -22,8 +22,7 @@ from gspo.data import format_prompt
 from gspo.train.run import build_run
 
 RUN = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "schedule.rollouts=1",
-       "schedule.num_minibatches=2", "eval.enabled=true", "eval.num_prompts=4", "data.eval_num_prompts=4",
-       "logging.console=false"]
+       "schedule.num_minibatches=2", "eval.enabled=true", "eval.num_prompts=4",        "logging.console=false"]
 # exact_answer first (eval accuracy), then a reward that tells random completions apart, so
 # the update passes have rows with a nonzero advantage to run
 REWARDS = "rewards.functions=[{name: exact_answer}, {name: 'artifacts:signal_reward'}]"

@@ -80,7 +80,7 @@ def test_minibatches_by_group_with_chunks_that_split_groups(G, chunk, n, M):
 
 def test_logprob_module_bf16_autocast_close_to_fp32():
     tok = build_char_tokenizer()
-    model = build_tiny_model(tok, seed=0)
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=0)
     ids = torch.randint(4, len(tok), (3, 12))
     mask = torch.ones_like(ids)
     fp32 = LogprobModule(model)(ids, mask, 6)
@@ -89,8 +89,7 @@ def test_logprob_module_bf16_autocast_close_to_fp32():
     torch.testing.assert_close(bf16, fp32, atol=0.05, rtol=0.02)
 
 
-TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8", "data.eval_num_prompts=8",
-        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.temperature=1.5",
+TINY = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.temperature=1.5",
         "schedule.rollouts=2", "schedule.num_minibatches=2", "eval.num_prompts=4", "logging.console=false",
         "optim.lr=1e-2", "checkpoint.every=1", "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]
 

@@ -175,7 +175,7 @@ def test_logprob_module_passes_it_on(tok):
     try:
         with torch.no_grad():
             LogprobModule(model, share_prompt=True)(ids, mask, 6)
-            LogprobModule(model)(ids, mask, 6)
+            LogprobModule(model, share_prompt=False)(ids, mask, 6)
     finally:
         handle.remove()
     assert calls == [(3, 9), (12, 5), (12, 14)]
@@ -215,13 +215,13 @@ def test_trainer_shares_unless_told_not_to(tmp_path):
     from gspo.config import load_config
     from gspo.train.run import build_run
 
-    base = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8",
+    base = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",
             "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.enabled=false", "logging.console=false",
             f"output.dir={tmp_path}"]
-    for extra, expected in ([[], True], [["model.share_prompt=false"], False], [["model.tiny_moe=true"], True]):
+    for extra, expected in ([[], True], [["model.share_prompt=false"], False], [["tiny.moe=true"], True]):
         ctx = build_run(load_config(None, [*base, *extra, f"output.name=r{len(extra)}{expected}"]))
         try:
             assert ctx.trainer.share_prompt is expected, extra
-            assert (ctx.routes is not None) == ("model.tiny_moe=true" in extra)
+            assert (ctx.routes is not None) == ("tiny.moe=true" in extra)
         finally:
             ctx.close()

@@ -24,8 +24,7 @@ from gspo.report.sinks import read_metrics
 
 TESTS = Path(__file__).parent
 ALL = "logging.report_to=[tensorboard,wandb,trackio,mlflow]"
-TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=8", "data.eval_num_prompts=8",
-        "eval.num_prompts=4", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
+TINY = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",         "eval.num_prompts=4", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
         "rollout.temperature=1.5", "optim.lr=1e-3", "logging.console=false", "logging.completions_every=1",
         "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]  # a reward a random model can move
 

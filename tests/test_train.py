@@ -10,8 +10,7 @@ import pytest
 from gspo.cli import main
 from gspo.config import ConfigError, field_docs, load_config
 
-TINY = ["model.tiny_hidden_size=32", "model.tiny_num_layers=1", "data.num_prompts=64", "data.eval_num_prompts=16",
-        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
+TINY = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=64",         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4",
         "schedule.rollouts=2", "schedule.num_minibatches=2", "eval.num_prompts=8", "logging.console=false",
         "logging.completions_every=1"]
 

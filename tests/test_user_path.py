@@ -20,8 +20,7 @@ from gspo.config import ConfigError, load_config
 from gspo.data import encode_texts, format_prompt, prompt_token_count
 
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "schedule.rollouts=1",
-         "schedule.num_minibatches=2", "logging.console=false", "data.num_prompts=16", "data.eval_num_prompts=4",
-         "eval.num_prompts=4", "schedule.skip_zero_advantage=false"]
+         "schedule.num_minibatches=2", "logging.console=false", "data.num_prompts=16",          "eval.num_prompts=4", "schedule.skip_zero_advantage=false"]
 
 
 @pytest.fixture(scope="module")

@@ -336,8 +336,8 @@ def _train_run(tmp_path: Path, *extra: str, nproc: int = 1) -> list[dict]:
 
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] \
         if nproc > 1 else [sys.executable]
-    cmd = [*launch, "-m", "gspo", "train", "rollout.backend=vllm", "model.tiny_num_layers=1",
-           "data.num_prompts=32", "data.eval_num_prompts=8", "eval.num_prompts=4", "eval.pass_k=2",
+    cmd = [*launch, "-m", "gspo", "train", "rollout.backend=vllm", "tiny.num_layers=1",
+           "data.num_prompts=32", "eval.num_prompts=4", "eval.pass_k=2",
            "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
            "schedule.rollouts=2", "schedule.num_minibatches=2", "optim.lr=1e-3", "logging.console=false",
            "vllm.enforce_eager=true", "vllm.gpu_memory_utilization=0.2", f"output.dir={tmp_path}",

@@ -27,11 +27,10 @@ ALGOS = {
     "grpo": ["algo.level=token"],
     "grpo_replay": ["algo.level=token", "algo.routing_replay=true"],
 }
-BASE = ["data.source=arithmetic", "data.difficulty=1", "data.num_prompts=4000", "data.eval_num_prompts=200",
-        "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=6",
+BASE = ["data.source=arithmetic", "data.difficulty=1", "data.num_prompts=4000",         "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=6",
         "schedule.num_minibatches=4", "eval.num_prompts=200", "eval.every=0", "logging.console=false",
-        "logging.completions_every=50", "model.tiny_moe=true", "model.tiny_hidden_size=64",
-        "model.tiny_num_layers=2"]
+        "logging.completions_every=50", "tiny.moe=true", "tiny.hidden_size=64",
+        "tiny.num_layers=2"]
 
 
 def mean(xs):
@@ -64,8 +63,8 @@ def main(argv=None) -> list[dict]:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     base = [*BASE, f"optim.lr={a.lr}", f"schedule.rollouts={a.rollouts}", f"output.dir={out}",
-            f"model.tiny_hidden_size={a.hidden}", f"model.tiny_num_layers={a.layers}",
-            f"model.tiny_num_experts={a.experts}", f"model.tiny_experts_per_tok={a.top_k}"]
+            f"tiny.hidden_size={a.hidden}", f"tiny.num_layers={a.layers}",
+            f"tiny.num_experts={a.experts}", f"tiny.experts_per_tok={a.top_k}"]
 
     warm = out / "warmup"
     if not (warm / "config.json").exists():

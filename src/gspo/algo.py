@@ -4,7 +4,7 @@ Paper: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071 (v2)
 
     group_advantages    Eq. 6, group-normalised advantages (or mean-only, Dr. GRPO)
     sequence_log_ratio  log s_i of Eq. 7: masked mean of the token log-ratios
-    policy_loss         level="sequence"        GSPO, Eq. 5-7 (the default)
+    policy_loss         level="sequence"        GSPO, Eq. 5-7 (gspo's default)
                         level="sequence_token"  GSPO-token, Eq. 13-17 (per-token advantages)
                         level="token"           GRPO baseline (token ratios), with three
                                                 aggregations
@@ -19,7 +19,7 @@ clip range (1 +- 3e-4) is finer than bfloat16 can resolve near 1.
 Where this departs from the paper (each is a choice the paper leaves open):
 - Log-ratios are clamped to +-max_log_ratio before exp(), so that finite inputs always give a
   finite loss and gradient. Beyond the clamp the ratio is a constant (its gradient is zero).
-  At the default 10 the ratio is e^10 ~ 2.2e4, far outside any clip range.
+  At gspo's default 10 the ratio is e^10 ~ 2.2e4, far outside any clip range.
 - An empty response (no valid token) adds 0 to the objective but still counts in the mean
   over sequences (its 1/|y_i| uses max(|y_i|, 1)), at every level.
 - Advantages are constants of the objective: they are detached.
@@ -35,24 +35,6 @@ import torch
 LEVELS = ("sequence", "sequence_token", "token")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 
-# Clip ranges differ per level by orders of magnitude, so there is no shared default: the
-# sequence ratio s_i is a geometric mean of token ratios and stays within ~1e-3 of 1, where
-# 0.2 would never clip. Values from the paper, section 5.1 (GSPO 3e-4/4e-4, GRPO 0.2/0.27).
-# The sequence-level numbers reach the token level only if a user writes them explicitly.
-DEFAULT_CLIP = {
-    "sequence": (3e-4, 4e-4),
-    "sequence_token": (3e-4, 4e-4),
-    "token": (0.2, 0.27),
-}
-
-
-def default_clip(level: str) -> tuple[float, float]:
-    """(eps_low, eps_high) used by `policy_loss` at `level` when they are left as None."""
-    if level not in DEFAULT_CLIP:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    return DEFAULT_CLIP[level]
-
-
 def _check_number(name: str, value, *, low: float, high: float | None = None,
                   allow_inf: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -66,12 +48,12 @@ def _check_number(name: str, value, *, low: float, high: float | None = None,
     return value
 
 
-def validate_algo(level: str = "sequence", eps_low: float | None = None,
-                  eps_high: float | None = None, aggregation: str | None = None,
-                  max_len: int | None = None, *,
-                  max_log_ratio: float = 10.0) -> tuple[float, float, str]:
+def validate_algo(level: str, eps_low: float, eps_high: float, aggregation: str | None = None,
+                  max_len: int | None = None, *, max_log_ratio: float) -> tuple[float, float, str]:
     """Check the non-tensor arguments of `policy_loss`; return (eps_low, eps_high, aggregation)
-    with the level defaults filled in. Raises ValueError naming the bad argument.
+    with the aggregation filled in. Raises ValueError naming the bad argument. The clip range has
+    no default here: it differs per level by orders of magnitude (the paper's values are
+    `gspo.config.PAPER_CLIP`, where every default of gspo lives).
 
     Rules: eps_low in [0, 1) (else the lower clip bound 1 - eps_low is not a positive ratio);
     eps_high >= 0 (inf allowed: no upper clip). Levels "sequence" and "sequence_token" accept
@@ -79,10 +61,10 @@ def validate_algo(level: str = "sequence", eps_low: float | None = None,
     sequences (Eq. 5, 13); any token-weighted aggregation weights sequences by their length.
     `max_len` is required by, and only accepted with, aggregation "seq-mean-token-sum-norm".
     """
-    d_low, d_high = default_clip(level)
-    eps_low = d_low if eps_low is None else _check_number("eps_low", eps_low, low=0.0, high=1.0)
-    eps_high = d_high if eps_high is None else _check_number("eps_high", eps_high, low=0.0,
-                                                             allow_inf=True)
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    eps_low = _check_number("eps_low", eps_low, low=0.0, high=1.0)
+    eps_high = _check_number("eps_high", eps_high, low=0.0, allow_inf=True)
     if level in ("sequence", "sequence_token"):
         if aggregation not in (None, "seq-mean-token-mean"):
             raise ValueError(
@@ -107,8 +89,8 @@ def validate_algo(level: str = "sequence", eps_low: float | None = None,
     return eps_low, eps_high, aggregation
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group",
-                     eps: float = 1e-6) -> tuple[torch.Tensor, dict[str, float]]:
+def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str,
+                     eps: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Group-relative advantages, paper Eq. 6: A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
 
     rewards: (N,) with N = num_groups * group_size; consecutive samples form a group.
@@ -204,9 +186,8 @@ def _clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float,
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, level: str = "sequence", eps_low: float | None = None,
-                eps_high: float | None = None, aggregation: str | None = None,
-                max_log_ratio: float = 10.0,
+                mask: torch.Tensor, *, level: str, eps_low: float, eps_high: float,
+                aggregation: str | None = None, max_log_ratio: float,
                 max_len: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss (to minimise, = -J) and float metrics.
 
@@ -222,8 +203,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                    With A_it = A_i it equals GSPO in value, clipped set and gradient.
                "token" = GRPO baseline: w_it = exp(clamp(logp_it - old_logp_it)), token-wise
                    clipped surrogate, aggregated by `aggregation`.
-        eps_low, eps_high: clip range; None takes DEFAULT_CLIP[level] (paper section 5.1:
-            3e-4/4e-4 for the sequence levels, 0.2/0.27 for the token level).
+        eps_low, eps_high: clip range (paper section 5.1: 3e-4/4e-4 for the sequence levels,
+            0.2/0.27 for the token level; `gspo.config.PAPER_CLIP`).
         aggregation: only for level="token" (the sequence levels accept None or
             "seq-mean-token-mean"):
             "seq-mean-token-mean" (default) mean_i (1/|y_i|) sum_t, as in the paper's GRPO;

@@ -46,24 +46,23 @@ def cmd_eval(args) -> int:
     from gspo.train.evaluate import evaluate
     from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
-    from gspo.rollout import HFGenerator
-    from gspo.train.run import load_prompt_rows, reward_specs, setup_threads
+    from gspo.train.run import hf_generator, load_prompt_rows, reward_specs, setup_threads
 
+    flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
+             "rollout.max_new_tokens": args.max_new_tokens}  # unset flags keep the config's values
     overrides = [f"model.name_or_path={args.model}", f"data.source={args.data}",
-                 f"eval.num_prompts={args.num_prompts}", f"eval.pass_k={args.pass_k}",
-                 f"rollout.max_new_tokens={args.max_new_tokens}", *args.overrides]
+                 *(f"{k}={v}" for k, v in flags.items() if v is not None), *args.overrides]
     cfg = load_config(args.config, overrides)
     setup_threads(cfg.threads)
     rows, held = load_prompt_rows(cfg)
     rows = (held or rows)[: cfg.eval.num_prompts]
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
-    r = cfg.rollout
-    gen = HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                      max_new_tokens=r.max_new_tokens)
-    with RewardRunner(reward_specs(cfg), timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error) as runner:
-        m = evaluate(model, tok, rows, runner, max_new_tokens=r.max_new_tokens, pass_k=cfg.eval.pass_k,
-                     generator=gen, chat=isinstance(rows[0]["prompt"], list))
+    rw = cfg.rewards
+    with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
+                      num_workers=rw.num_workers) as runner:
+        m = evaluate(model, tok, rows, runner, max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
+                     generator=hf_generator(cfg, model, tok), chat=isinstance(rows[0]["prompt"], list))
     m["eval/num_prompts"] = len(rows)
     print(json.dumps(m, indent=2))
     return 0
@@ -99,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="HF model id or local path (e.g. runs/NAME/final)")
     e.add_argument("data", nargs="?", default="arithmetic", help="built-in task name or dataset path")
     e.add_argument("--config", default=None, help="YAML config for rewards and sampling settings")
-    e.add_argument("--num-prompts", type=int, default=200)
-    e.add_argument("--pass-k", type=int, default=0)
-    e.add_argument("--max-new-tokens", type=int, default=64)
+    e.add_argument("--num-prompts", type=int, default=None, help="held-out prompts (default: eval.num_prompts)")
+    e.add_argument("--pass-k", type=int, default=None, help="also report pass@k (default: eval.pass_k)")
+    e.add_argument("--max-new-tokens", type=int, default=None, help="default: rollout.max_new_tokens")
     e.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     e.set_defaults(fn=cmd_eval)
 

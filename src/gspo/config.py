@@ -18,6 +18,12 @@ from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for
 from omegaconf.errors import OmegaConfBaseException
 
 
+# The clip range of each algo.level (paper §5.1: GSPO 3e-4 / 4e-4, GRPO 0.2 / 0.27). They differ
+# by orders of magnitude: the sequence ratio s_i is a geometric mean of token ratios and stays
+# within ~1e-3 of 1, where 0.2 would never clip. load_config fills algo.eps_low / eps_high from
+# here when they are left unset, so the run's config.yaml holds the values it trained with.
+PAPER_CLIP = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
+
 # logging.report_to's values (TRL's names); gspo.report.trackers has a class for each
 TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "mlflow")
 
@@ -44,13 +50,20 @@ class ModelConfig:
                         "it is noise in the ratio: pi_theta differs from pi_old on the same weights (docs/modes.md)")
     mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
     share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
-                             "(same numbers; not under gradient checkpointing)")
+                             "(same numbers; not under gradient checkpointing); false for a remote-code decoder "
+                             "that does not take a prompt's KV cache as transformers' own models do")
     logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
-    tiny_hidden_size: int = doc(128, "hidden size of the built-in tiny model (name_or_path=tiny)")
-    tiny_num_layers: int = doc(3, "layers of the built-in tiny model")
-    tiny_moe: bool = doc(False, "make the built-in tiny model a Qwen3-MoE")
-    tiny_num_experts: int = doc(8, "experts per MoE layer of the built-in tiny model (tiny_moe=true)")
-    tiny_experts_per_tok: int = doc(2, "experts each token is routed to (top-k) in the built-in tiny MoE")
+
+
+@dataclass
+class TinyConfig:
+    """The built-in tiny model (model.name_or_path=tiny): the demo's and the tests' model."""
+
+    hidden_size: int = doc(128, "hidden size of the built-in tiny model (model.name_or_path=tiny)")
+    num_layers: int = doc(3, "layers of the built-in tiny model")
+    moe: bool = doc(False, "make the built-in tiny model a Qwen3-MoE")
+    num_experts: int = doc(8, "experts per MoE layer of the built-in tiny model (tiny.moe=true)")
+    experts_per_tok: int = doc(2, "experts each token is routed to (top-k) in the built-in tiny MoE")
 
 
 @dataclass
@@ -78,8 +91,8 @@ class DataConfig:
     split: Optional[str] = doc(None, "split to use when the source is a DatasetDict (default: train)")
     difficulty: int = doc(1, "difficulty of the built-in task (1 = easiest)")
     num_prompts: int = doc(2000, "number of prompts generated for a built-in task")
-    eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out split")
-    eval_num_prompts: int = doc(200, "held-out prompts generated for a built-in task (and the cap for eval_source)")
+    eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out "
+                                     "split of eval.num_prompts prompts")
     max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded)")
 
@@ -160,9 +173,11 @@ class ScheduleConfig:
     micro_batch_size: int = doc(0, "sequences per forward/backward inside a minibatch (0 = the whole minibatch)")
     skip_zero_advantage: bool = doc(True, "leave rows with advantage 0 (a group whose rewards are all equal) out of the "
                                     "trainer's passes: they add exactly 0 to the loss and gradient; metrics then cover "
-                                    "the other rows (rows/skipped_frac)")
+                                    "the other rows (rows/skipped_frac); false: clip and ratio metrics over every row, "
+                                    "as TRL and verl report them")
     minibatch_by: str = doc("group", "how rows are dealt into minibatches: group (a group's rows together, in "
-                            "random order, so their prompt runs once; verl's layout) | row (each row on its own; TRL's)")
+                            "random order, so their prompt runs once; verl's layout) | row (each row on its own; "
+                            "TRL's layout, for runs compared step by step against TRL)")
     warmup_steps: int = doc(0, "linear LR warm-up, in optimizer steps")
     lr_schedule: str = doc("constant", "after warm-up: constant | cosine")
     min_lr_ratio: float = doc(0.0, "cosine schedule floor, as a fraction of lr")
@@ -171,7 +186,8 @@ class ScheduleConfig:
 @dataclass
 class EvalConfig:
     every: int = doc(0, "evaluate on held-out prompts every N rollouts (0 = only at start and end)")
-    num_prompts: int = doc(100, "held-out prompts per evaluation")
+    num_prompts: int = doc(100, "held-out prompts per evaluation (a built-in task's held-out split has this many; "
+                           "data.eval_source is cut to it)")
     pass_k: int = doc(0, "also sample k completions per prompt and report pass@k (0 = off)")
     enabled: bool = doc(True, "evaluate at all")
 
@@ -204,6 +220,7 @@ class OutputConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    tiny: TinyConfig = field(default_factory=TinyConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -267,8 +284,18 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     if path is not None:
         for f in cfg.rewards.functions:
             f.name = anchor_import_path(f.name, Path(path).resolve().parent)
+    _fill_clip(cfg)
     validate(cfg)
     return cfg
+
+
+def _fill_clip(cfg: Config) -> None:
+    """algo.eps_low / eps_high left unset take the level's clip range (`PAPER_CLIP`)."""
+    a = cfg.algo
+    if a.level in PAPER_CLIP:
+        low, high = PAPER_CLIP[a.level]
+        a.eps_low = low if a.eps_low is None else a.eps_low
+        a.eps_high = high if a.eps_high is None else a.eps_high
 
 
 def anchor_import_path(name: str, config_dir: Path) -> str:
@@ -310,9 +337,11 @@ def to_yaml(cfg: Config) -> str:
 def from_yaml_text(text: str) -> Config:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.create(text))
-        return OmegaConf.to_object(merged)
+        cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(_friendly(e)) from None
+    _fill_clip(cfg)
+    return cfg
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -382,9 +411,10 @@ def validate(cfg: Config) -> None:
     _check(dc.backend in ("auto", "nccl", "gloo"), "distributed.backend", f"'{dc.backend}' is not auto | nccl | gloo")
     _check(dc.timeout_s > 0, "distributed.timeout_s", "must be > 0")
     _check(m.logprob_chunk_size >= 1, "model.logprob_chunk_size", "must be >= 1")
-    _check(m.tiny_num_experts >= 1, "model.tiny_num_experts", "must be >= 1")
-    _check(1 <= m.tiny_experts_per_tok <= m.tiny_num_experts, "model.tiny_experts_per_tok",
-           f"must be in [1, model.tiny_num_experts={m.tiny_num_experts}]")
+    t = cfg.tiny
+    _check(t.num_experts >= 1, "tiny.num_experts", "must be >= 1")
+    _check(1 <= t.experts_per_tok <= t.num_experts, "tiny.experts_per_tok",
+           f"must be in [1, tiny.num_experts={t.num_experts}]")
     _check(r.backend in ("hf", "vllm"), "rollout.backend", f"'{r.backend}' is not hf | vllm")
     _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 (got {r.group_size}): group advantages need at least two samples")
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
@@ -422,7 +452,9 @@ def validate(cfg: Config) -> None:
     _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
     max_len = r.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
     try:
-        lo, hi, _ = algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len)
+        _fill_clip(cfg)
+        lo, hi, _ = algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len,
+                                       max_log_ratio=a.max_log_ratio)
     except ValueError as e:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "

@@ -19,6 +19,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from gspo.config import DataConfig
+
 
 class DataError(ValueError):
     """A dataset or data argument is unusable; the message names the file, column or argument."""
@@ -88,7 +90,7 @@ def _prompt_kind(prompt: Any) -> str | None:
     return None
 
 
-def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = "prompt") -> list[dict]:
+def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = DataConfig.prompt_column) -> list[dict]:
     """Check `rows` and return copies with `prompt_column` renamed to "prompt".
 
     Raises DataError when the rows are empty, the prompt column is missing, a prompt is not a
@@ -132,7 +134,7 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = "pr
 
 
 def load_rows(
-    source: str | os.PathLike, *, prompt_column: str = "prompt", split: str | None = None
+    source: str | os.PathLike, *, prompt_column: str = DataConfig.prompt_column, split: str | None = None
 ) -> list[dict]:
     """Read a prompt dataset into a list of row dicts, with the prompt column named "prompt".
 
@@ -258,7 +260,7 @@ class PromptStream:
         batch_size: int,
         *,
         seed: int,
-        shuffle: bool = True,
+        shuffle: bool = DataConfig.shuffle,
         rank: int = 0,
         world_size: int = 1,
     ):

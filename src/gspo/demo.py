@@ -24,16 +24,15 @@ from gspo.train.run import build_run, load_prompt_rows, seed_everything, setup_t
 # The demo's GSPO phase. Everything else is the library's default (GSPO, paper clip ranges,
 # 4 minibatches per rollout).
 DEMO_OVERRIDES = [
-    "data.source=arithmetic", "data.difficulty=1", "data.num_prompts=4000", "data.eval_num_prompts=200",
-    "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=6",
+    "data.source=arithmetic", "data.difficulty=1", "data.num_prompts=4000",     "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=6",
     "optim.lr=1e-4", "optim.max_grad_norm=1.0",
     "schedule.rollouts=300", "schedule.num_minibatches=4",
     "eval.num_prompts=200", "eval.every=50",
     "logging.table_every=50", "logging.completions_every=25",
-    "model.tiny_hidden_size=128", "model.tiny_num_layers=2",
+    "tiny.hidden_size=128", "tiny.num_layers=2",
 ]
 QUICK_OVERRIDES = ["schedule.rollouts=3", "rollout.prompts_per_step=8", "eval.num_prompts=32", "eval.every=0",
-                   "data.num_prompts=400", "data.eval_num_prompts=32", "logging.table_every=0"]
+                   "data.num_prompts=400", "logging.table_every=0"]
 WARMUP = {"steps": 300, "batch_size": 64, "lr": 1e-3}
 QUICK_WARMUP = {"steps": 10, "batch_size": 32, "lr": 3e-3}
 

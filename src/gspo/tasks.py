@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
+from gspo.config import DataConfig
 from gspo.data import DataError
 
 DIGITS = "0123456789"
@@ -33,7 +34,7 @@ def _check_args(fn: str, n: int, seed: int, difficulty: int) -> None:
         raise DataError(f"{fn}: difficulty must be one of {_DIFFICULTIES}, got {difficulty!r}")
 
 
-def arithmetic(n: int, *, seed: int, difficulty: int = 1) -> list[dict]:
+def arithmetic(n: int, *, seed: int, difficulty: int = DataConfig.difficulty) -> list[dict]:
     """`n` rows like {"prompt": "12+7=", "answer": "19"}.
 
     difficulty 1: a+b with a, b in 0..99 (one- or two-digit numbers).
@@ -58,7 +59,7 @@ def arithmetic(n: int, *, seed: int, difficulty: int = 1) -> list[dict]:
     return rows
 
 
-def sorting(n: int, *, seed: int, difficulty: int = 1) -> list[dict]:
+def sorting(n: int, *, seed: int, difficulty: int = DataConfig.difficulty) -> list[dict]:
     """`n` rows like {"prompt": "sort:3142=", "answer": "1234"}: sort the digits ascending.
 
     Digits are drawn uniformly with repetition. The number of digits per prompt is drawn
@@ -77,7 +78,7 @@ def sorting(n: int, *, seed: int, difficulty: int = 1) -> list[dict]:
 TASKS: dict[str, Callable[..., list[dict]]] = {"arithmetic": arithmetic, "sorting": sorting}
 
 
-def make_task(name: str, n: int, seed: int, difficulty: int = 1) -> list[dict]:
+def make_task(name: str, n: int, seed: int, difficulty: int = DataConfig.difficulty) -> list[dict]:
     """Rows of the built-in task `name` (a key of `TASKS`); DataError for an unknown name."""
     if name not in TASKS:
         raise DataError(f"make_task: unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")

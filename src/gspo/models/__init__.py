@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import torch
 
+from gspo.config import ModelConfig
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -27,7 +29,7 @@ class ModelError(ValueError):
     """A policy could not be loaded (bad path, offline without a cache, unsupported dtype…)."""
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
+def resolve_device(device: str | torch.device = ModelConfig.device) -> torch.device:
     """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else is passed to torch."""
     if isinstance(device, torch.device):
         return device
@@ -64,9 +66,9 @@ def _check_source(name_or_path: str) -> None:
 def load_policy(
     name_or_path: str | os.PathLike,
     *,
-    dtype: str | torch.dtype = "float32",
-    device: str | torch.device = "auto",
-    trust_remote_code: bool = False,
+    dtype: str | torch.dtype = ModelConfig.dtype,
+    device: str | torch.device = ModelConfig.device,
+    trust_remote_code: bool = ModelConfig.trust_remote_code,
 ):
     """Load a causal LM and its tokenizer: ``(model, tokenizer)``.
 

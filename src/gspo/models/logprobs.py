@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from gspo.config import ModelConfig, RolloutConfig
 from gspo.models import CACHE_KWARG, base_model, is_activation_checkpointing, position_ids_from_mask
 
 # ----------------------------------------------------------------------------- LM head pieces
@@ -282,9 +283,9 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     completion_len: int,
     *,
-    temperature: float = 1.0,
-    chunk_size: int = 512,
-    share_prompt: bool = False,
+    temperature: float = RolloutConfig.temperature,
+    chunk_size: int = ModelConfig.logprob_chunk_size,
+    share_prompt: bool = ModelConfig.share_prompt,
     agree=None,
 ) -> torch.Tensor:
     """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
@@ -350,8 +351,8 @@ def token_logprobs(
 _UNCHECKPOINTED_LOGITS_BYTES = 16 << 20
 
 
-def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                  chunk_size: int = 512, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = RolloutConfig.temperature,
+                  chunk_size: int = ModelConfig.logprob_chunk_size, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
     """log_softmax(head(hidden) / temperature)[targets] for M tokens, `chunk_size` at a time.
 
     (M, H), (M,) -> (M,) float32. With grad, each chunk runs under activation checkpointing, so
@@ -385,7 +386,7 @@ def naive_token_logprobs(
     attention_mask: torch.Tensor,
     completion_len: int,
     *,
-    temperature: float = 1.0,
+    temperature: float = RolloutConfig.temperature,
     chunk_size: int = 512,
 ) -> torch.Tensor:
     """Reference for `token_logprobs`: the full ``model(...).logits`` (N, L, V), upcast to fp32,
@@ -422,8 +423,9 @@ class LogprobModule(torch.nn.Module):
     makes that decision common to all processes, for FSDP2).
     """
 
-    def __init__(self, policy, *, temperature: float = 1.0, chunk_size: int = 512,
-                 autocast_dtype: torch.dtype | None = None, share_prompt: bool = False, agree=None):
+    def __init__(self, policy, *, temperature: float = RolloutConfig.temperature,
+                 chunk_size: int = ModelConfig.logprob_chunk_size, autocast_dtype: torch.dtype | None = None,
+                 share_prompt: bool = ModelConfig.share_prompt, agree=None):
         super().__init__()
         self.share_prompt = bool(share_prompt)
         self.agree = agree

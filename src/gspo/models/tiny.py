@@ -11,6 +11,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from gspo.config import Config, TinyConfig
+
 # Characters used by the built-in arithmetic / string tasks and the chat template.
 DEFAULT_CHARS = "0123456789+-*=abcdefghijklmnopqrstuvwxyz:, \n<>/"
 
@@ -60,15 +62,15 @@ def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> PreTrainedTokenizerFast:
 def build_tiny_model(
     tokenizer,
     *,
-    hidden_size: int = 64,
-    num_layers: int = 2,
+    hidden_size: int = TinyConfig.hidden_size,
+    num_layers: int = TinyConfig.num_layers,
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
-    moe: bool = False,
-    num_experts: int = 8,
-    num_experts_per_tok: int = 2,
-    seed: int = 0,
+    moe: bool = TinyConfig.moe,
+    num_experts: int = TinyConfig.num_experts,
+    num_experts_per_tok: int = TinyConfig.experts_per_tok,
+    seed: int = Config.seed,
     max_position_embeddings: int = 128,
 ) -> PreTrainedModel:
     """A randomly initialised Qwen3 (or Qwen3-MoE when ``moe=True``) causal LM in fp32.

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
+from gspo.config import RewardsConfig
 from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
 
 
@@ -169,8 +170,9 @@ class RewardRunner:
     for it (returned None, or failed under "skip"). Functions with weight 0 are logged only.
     """
 
-    def __init__(self, specs: Sequence[RewardSpec | str | dict], *, timeout_s: float = 30.0,
-                 on_error: str = "raise", num_workers: int = 1, start_method: str | None = None):
+    def __init__(self, specs: Sequence[RewardSpec | str | dict], *, timeout_s: float = RewardsConfig.timeout_s,
+                 on_error: str = RewardsConfig.on_error, num_workers: int = RewardsConfig.num_workers,
+                 start_method: str | None = None):
         if on_error not in ("raise", "skip", "zero"):
             raise RewardConfigError(f"RewardRunner: on_error must be 'raise', 'skip' or 'zero', got {on_error!r}")
         if not (isinstance(timeout_s, numbers.Real) and timeout_s > 0):

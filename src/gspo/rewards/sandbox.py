@@ -36,6 +36,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from gspo.config import RewardsConfig
+
 log = logging.getLogger(__name__)
 
 REASONS = ("passed", "failed", "syntax_error", "error", "timeout", "memory", "file_size", "killed")
@@ -428,7 +430,7 @@ Executor = Callable[[str, Sequence[str], CodeLimits], CodeResult]
 
 
 def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequence | None = None,
-                      allow_code_execution: bool = False, timeout_s: float = 5.0, memory_mb: int = 512,
+                      allow_code_execution: bool = RewardsConfig.allow_code_execution, timeout_s: float = 5.0, memory_mb: int = 512,
                       max_file_mb: int = 8, max_procs: int = 32, max_workers: int | None = None,
                       executor: Executor | None = None, **columns) -> list[float | None]:
     """Score each completion's code by the fraction of its test cases that pass (see module doc).

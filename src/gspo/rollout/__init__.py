@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from gspo.config import RolloutConfig
 from gspo.data import encode_texts
 from gspo.models import eos_token_ids as model_eos_ids
 from gspo.models import eval_mode
@@ -241,7 +242,8 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
 
 
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int, eos_token_ids: Sequence[int],
-           pad_token_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+           pad_token_id: int, temperature: float = RolloutConfig.temperature, top_k: int = RolloutConfig.top_k,
+           top_p: float = RolloutConfig.top_p):
     """Sample completions of left-padded prompts with a KV cache: (B, P), (B, P) ->
     (completion ids (B, T_gen) padded with `pad_token_id` after each row's first EOS,
     log_softmax(logits / T) of each token (B, T_gen) float32, 0 on padding).
@@ -324,10 +326,10 @@ class HFGenerator:
         model,
         tokenizer,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        max_new_tokens: int = 64,
+        temperature: float = RolloutConfig.temperature,
+        top_p: float = RolloutConfig.top_p,
+        top_k: int = RolloutConfig.top_k,
+        max_new_tokens: int = RolloutConfig.max_new_tokens,
         batch_size: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         engine: str = "gspo",

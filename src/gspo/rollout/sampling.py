@@ -57,7 +57,7 @@ def _inverse_cdf(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, total.squeeze(1)
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0):
+def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
     """Draw one token per row from softmax(logits / T) restricted by top-k, then top-p.
 
     (b, V) raw logits -> (tokens (b,) long, log_softmax(logits / T)[token] (b,) float32): the

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from gspo.config import ConfigError, vllm_logprobs_mode as logprobs_mode_for
+from gspo.config import Config, ConfigError, RolloutConfig, VllmConfig
+from gspo.config import vllm_logprobs_mode as logprobs_mode_for
 from gspo.rollout import Rollout, left_pad, assemble_rollout, chunk_seed, encode_prompts, special_ids
 from gspo.rollout.sampling import check_sampling
 
@@ -231,18 +232,18 @@ class VLLMGenerator:
         tokenizer,
         *,
         workdir: str | os.PathLike,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        max_new_tokens: int = 64,
+        temperature: float = RolloutConfig.temperature,
+        top_p: float = RolloutConfig.top_p,
+        top_k: int = RolloutConfig.top_k,
+        max_new_tokens: int = RolloutConfig.max_new_tokens,
         max_model_len: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
-        gpu_memory_utilization: float = 0.3,
-        sleep: bool = True,
-        dtype: str = "auto",
-        enforce_eager: bool = False,
-        kv_cache_gb: float = 0.0,
-        seed: int = 0,
+        gpu_memory_utilization: float = VllmConfig.gpu_memory_utilization,
+        sleep: bool = VllmConfig.sleep,
+        dtype: str = VllmConfig.dtype,
+        enforce_eager: bool = VllmConfig.enforce_eager,
+        kv_cache_gb: float = VllmConfig.kv_cache_gb,
+        seed: int = Config.seed,
         world_size: int = 1,
         quiet: bool = False,
     ):

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from gspo.train import faults
+from gspo.config import CheckpointConfig
 from gspo.train.state_io import (  # noqa: F401  (re-exported: part of this module's API)
     CheckpointWarning, load_scheduler_state, scheduler_json, capture_rng_state, load_model_state,
     load_optimizer_state, restore_rng_state, save_model_state, save_optimizer_state,
@@ -200,7 +201,7 @@ def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | Non
 
 
 def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
-                    trainer_state: dict, config_text: str = "", keep_last: int = 3,
+                    trainer_state: dict, config_text: str = "", keep_last: int = CheckpointConfig.keep_last,
                     trainable_only: bool = False, comm=None, write_state=None) -> Path:
     """Atomically write ``<run_dir>/checkpoints/step-<step>/`` and point ``latest`` at it.
 

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gspo.config import DistributedConfig, ModelConfig
+
 
 @dataclass
 class Dist:
@@ -107,8 +109,8 @@ class Dist:
         return out
 
 
-def init_distributed(strategy: str, device: torch.device, backend: str = "auto",
-                     timeout_s: float = 1800.0) -> Dist:
+def init_distributed(strategy: str, device: torch.device, backend: str = DistributedConfig.backend,
+                     timeout_s: float = DistributedConfig.timeout_s) -> Dist:
     """Join the torchrun job described by the environment (WORLD_SIZE, RANK, LOCAL_RANK,
     MASTER_ADDR/PORT). Without torchrun: one plain process. Under torchrun even one process
     runs the distributed path (e.g. FSDP2's mixed-precision policy on one GPU)."""
@@ -148,8 +150,8 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def wrap_for_training(module: torch.nn.Module, model, d: Dist, *, mixed_precision: str = "no",
-                      reshard_after_forward: bool = True) -> torch.nn.Module:
+def wrap_for_training(module: torch.nn.Module, model, d: Dist, *, mixed_precision: str = ModelConfig.mixed_precision,
+                      reshard_after_forward: bool = DistributedConfig.reshard_after_forward) -> torch.nn.Module:
     """Shard (FSDP2) or replicate (DDP) `module`, whose forward computes the trainer's log-probs
     and which holds `model` (the policy). One process: `module` unchanged."""
     if not d.enabled:

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from gspo.config import EvalConfig
 from gspo.data import encode_texts, format_prompt
 from gspo.models import eos_token_ids, eval_mode
 from gspo.rewards import reward_columns
@@ -59,7 +60,7 @@ def _score(runner, rows: list[dict], completions: list, repeat: int) -> torch.Te
     return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32)
 
 
-def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = 0,
+def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
              generator=None, chat: bool = False) -> dict:
     """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked."""
     texts = [format_prompt(r["prompt"], tokenizer) for r in rows]

@@ -80,16 +80,17 @@ def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
     if d.source in TASKS:
         train = make_task(d.source, d.num_prompts, seed=cfg.seed, difficulty=d.difficulty)
         seen = {r["prompt"] for r in train}
-        held = [r for r in make_task(d.source, d.eval_num_prompts * 3, seed=cfg.seed + 1_000_003,
+        n_held = cfg.eval.num_prompts
+        held = [r for r in make_task(d.source, n_held * 3, seed=cfg.seed + 1_000_003,
                                      difficulty=d.difficulty) if r["prompt"] not in seen]
-        held = held[: d.eval_num_prompts]
+        held = held[:n_held]
     else:
         train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)
         held = []
     if d.eval_source:
-        held = (make_task(d.eval_source, d.eval_num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
+        held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
                 if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column))
-        held = held[: d.eval_num_prompts]
+        held = held[: cfg.eval.num_prompts]
     return train, held
 
 
@@ -102,9 +103,9 @@ def build_policy(cfg: Config, device: torch.device | None = None):
         from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
         tok = build_char_tokenizer("".join(sorted(TASK_CHARS)))
-        model = build_tiny_model(tok, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_num_layers,
-                                 moe=m.tiny_moe, num_experts=m.tiny_num_experts,
-                                 num_experts_per_tok=m.tiny_experts_per_tok, seed=cfg.seed,
+        t = cfg.tiny
+        model = build_tiny_model(tok, hidden_size=t.hidden_size, num_layers=t.num_layers, moe=t.moe,
+                                 num_experts=t.num_experts, num_experts_per_tok=t.experts_per_tok, seed=cfg.seed,
                                  max_position_embeddings=max(128, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens))
         model.to(device)
     else:
