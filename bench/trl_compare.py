@@ -50,15 +50,15 @@ OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE. Start-up (imports, model load, train
 end of one rollout to the end of the next: generation, reward, pi_old pass, the M optimizer steps
 and the framework's own bookkeeping between them. TRL: timestamps at on_step_end of every M-th
 optimizer step (a TrainerCallback); gspo: `gspo.train.train` itself, with a timestamp taken when it
-calls ctx.sync_sampler() at the end of every rollout. Rounds alternate the order (gspo, trl), (trl,
+pushes the weights (push_weights) at the end of every rollout. Rounds alternate the order (gspo, trl), (trl,
 gspo), ...; the TRL/gspo ratio is taken within a round (median rollout time of each cell) and the
 median over rounds is reported. Each cell also records how many cores other processes kept busy
 during its timed rollouts (/proc/stat), so that a cell slowed by someone else's job shows.
 
 Phases (mean seconds per timed rollout): generate (gspo: HFGenerator.generate; TRL:
-_generate_single_turn), score (the reward call), pi_old (gspo: train.old_logprobs; TRL: its
+_generate_single_turn), score (the reward call), pi_old (gspo: the plan and train.old_logprobs; TRL: its
 no-grad _get_per_token_logps_and_entropies), update (the M optimizer steps: forward, backward,
-clipping, AdamW, scheduler; gspo: train.update; TRL: training_step minus its _prepare_inputs,
+clipping, AdamW, scheduler; gspo: train.minibatch_step and the weight push; TRL: training_step minus its _prepare_inputs,
 plus the time from the end of training_step to on_step_end), other (the rest of the rollout).
 """
 

@@ -90,6 +90,10 @@ def test_plain_prompts_from_parquet(tmp_path):
     pq.write_table(table, tmp_path / "d.parquet")
     rc, run_dir = run(tmp_path, f"data.source={tmp_path / 'd.parquet'}", "data.prompt_column=question")
     assert rc == 0 and (run_dir / "final" / "config.json").exists()
+    # the parquet's prompts are the ones sampled and scored against their own answers
+    comp = [json.loads(x) for f in sorted((run_dir / "completions").glob("*.jsonl")) for x in f.read_text().splitlines()]
+    assert comp and {r["prompt"] for r in comp} <= {f"{a}+2=" for a in range(12)}
+    assert [r["step"] for r in records(run_dir)][-1] == 4
 
 
 def test_help_lists_every_field(capsys):
