@@ -71,3 +71,20 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("deprecated calls on gspo's side", "\n".join(_gspo_caused)))
         _gspo_caused.clear()
     return report
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """saved(family, **config overrides) -> the directory of a tiny checkpoint of that family,
+    written with save_pretrained (tests/artifacts.py), once per session."""
+    from artifacts import save_model
+
+    cache: dict = {}
+
+    def get(family: str, **overrides):
+        key = (family, repr(sorted(overrides.items())))
+        if key not in cache:
+            cache[key] = save_model(tmp_path_factory.mktemp(f"ckpt-{family}"), family, **overrides)
+        return cache[key]
+
+    return get

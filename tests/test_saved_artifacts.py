@@ -30,20 +30,6 @@ REWARDS = "rewards.functions=[{name: exact_answer}, {name: 'artifacts:signal_rew
 OVERRIDES = {"llama": {"attention_dropout": 0.1}}
 
 
-@pytest.fixture(scope="session")
-def saved(tmp_path_factory):
-    """saved(family, **overrides) -> directory of that checkpoint, written once per session."""
-    cache: dict = {}
-
-    def get(family: str, **overrides) -> Path:
-        key = (family, repr(sorted(overrides.items())))
-        if key not in cache:
-            cache[key] = artifacts.save_model(tmp_path_factory.mktemp(f"ckpt-{family}"), family, **overrides)
-        return cache[key]
-
-    return get
-
-
 def train(model_dir: Path, out: Path, *extra: str) -> Path:
     rc = main(["train", f"model.name_or_path={model_dir}", *RUN, REWARDS, f"output.dir={out}", "output.name=x", *extra])
     assert rc == 0

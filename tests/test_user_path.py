@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts import save_model, write_jsonl, write_plain_jsonl
+from artifacts import write_jsonl, write_plain_jsonl
 from gspo import rollout
 from gspo.models import logprobs
 from gspo.cli import main
@@ -21,20 +21,6 @@ from gspo.data import encode_texts, format_prompt, prompt_token_count
 
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "schedule.rollouts=1",
          "schedule.num_minibatches=2", "logging.console=false", "data.num_prompts=16",          "eval.num_prompts=4", "schedule.skip_zero_advantage=false"]
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """family (and config overrides) -> a saved model directory, written once per module."""
-    cache: dict = {}
-
-    def get(family: str, **overrides) -> Path:
-        key = (family, tuple(sorted(overrides.items())))
-        if key not in cache:
-            cache[key] = save_model(tmp_path_factory.mktemp(family), family, **overrides)
-        return cache[key]
-
-    return get
 
 
 def train(tmp_path: Path, model_dir: Path, *extra: str, name: str = "run") -> Path:
