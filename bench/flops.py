@@ -175,7 +175,6 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
 
     gen = 0
     chunk = run.generator.batch_size or n
-    share = getattr(run.trainer, "share_prompt", False)
     for s in range(0, n, chunk):
         mask, ids = rollout.prompt_mask[s:s + chunk], rollout.prompt_ids[s:s + chunk]
         P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
@@ -184,10 +183,12 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
     # the plan learn ran (bench steps run every row: skip_zero_advantage is off in this bench)
     plan = train.make_plan(run, rollout, torch.ones(n), train.TrainerState(rollout=rollout_index))
     old = old_positions = old_total = old_real = 0
-    for idx in (f for f in plan.old_forwards if f is not None):
+    for idx, shared in zip(plan.old_forwards, plan.old_share):
+        if idx is None:
+            continue
         part = rollout.select(idx)
         old += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
-                          int(part.completion_mask.sum()), train=False, share=share)
+                          int(part.completion_mask.sum()), train=False, share=shared)
         old_positions = max(old_positions, part.input_ids.numel())
         old_total += part.input_ids.numel()
         old_real += int(part.attention_mask.sum())
@@ -198,7 +199,7 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
             b, L = part.input_ids.shape
             mc = int(part.completion_mask.sum())
             upd += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1], mc, train=True,
-                              share=share)
+                              share=mi.share)
             upd_model += train_flops(d, b, L, mc, executed=False)
             positions += b * L
             real += int(part.attention_mask.sum())

@@ -80,3 +80,24 @@ def test_the_counts_go_in_one_collective():
                live=torch.ones(8, dtype=torch.bool), micro_size=1, token_mean=True, old_pass=True,
                old_forward_size=2, gather=lambda v: calls.append(v) or v[None])
     assert len(calls) == 1 and calls[0].dtype == torch.float64
+
+
+def test_under_fsdp_a_forward_shares_its_prompts_only_where_every_process_can():
+    # process 0 could share every forward; process 1 only those holding row 4 (its minibatch-1
+    # piece (4, 5) and the π_old forward over it)
+    kw = dict(micro_size=2, token_mean=False, old_pass=True, old_forward_size=2)
+    ranks = [_rank([2] * 8), _rank([2] * 8)]
+    sent = []
+    for r, can in enumerate((lambda rows: True, lambda rows: 4 in rows.tolist())):
+        build_plan(**ranks[r], **kw, gather=lambda v: sent.append(v) or v[None], can_share=can, share_together=True)
+    every = torch.stack(sent)
+    plans = [build_plan(**ranks[r], **kw, gather=lambda v: every.flatten(), can_share=can, share_together=together)
+             for r, can in enumerate((lambda rows: True, lambda rows: 4 in rows.tolist())) for together in (True,)]
+    for p in plans:  # the same decision on both processes, forward by forward
+        assert [m.share for mb in p.minibatches for m in mb.micro] == [False, False, True, False]
+        assert p.old_share == [True, False]
+    # DDP (not together): each process decides for itself
+    (alone,) = _plans([ranks[0]], **kw)
+    assert not any(m.share for mb in alone.minibatches for m in mb.micro)  # (no can_share: never)
+    own = build_plan(**ranks[1], **kw, gather=lambda v: every.flatten(), can_share=lambda rows: 4 in rows.tolist())
+    assert [m.share for mb in own.minibatches for m in mb.micro] == [False, False, True, False]

@@ -145,27 +145,24 @@ def test_falls_back_or_skips_the_second_call(tok, case):
     assert calls == ([(3, 9)] if case == "one-token" else [one])
 
 
-def test_processes_agree_before_sharing(tok):
-    """Under FSDP2 the decision goes through `agree` (an all-reduce there): when another process
-    cannot share, this one runs the single forward too; a one-token call asks it as well."""
+def test_a_decision_made_beforehand_is_followed(tok):
+    """Under FSDP2 the rollout's plan decides for every forward, with every process, whether it
+    shares (gspo.train.plan; tests/test_plan.py): the forward follows that decision, and with
+    none it decides from its own rows (`can_share_prompt`)."""
+    from gspo.models.logprobs import can_share_prompt
+
     model = _model("qwen3", tok)
     ids, mask = _grouped_batch(len(tok))
-    asked = []
-
-    def no(ok):
-        asked.append(ok)
-        return False
-
+    assert can_share_prompt(model, ids, mask, 6)
     calls, handle = _body_calls(model)
     try:
         with torch.no_grad():
-            LogprobModule(model, share_prompt=True, agree=no)(ids, mask, 6)
-            LogprobModule(model, share_prompt=True, agree=lambda ok: asked.append(ok) or ok)(ids, mask, 6)
-            LogprobModule(model, share_prompt=True, agree=lambda ok: asked.append(ok) or ok)(ids[:, :10], mask[:, :10], 1)
+            LogprobModule(model, share_prompt=True)(ids, mask, 6, False)  # another process cannot share
+            LogprobModule(model, share_prompt=True)(ids, mask, 6, True)
+            LogprobModule(model, share_prompt=True)(ids, mask, 6)
     finally:
         handle.remove()
-    assert asked == [True, True, False]  # t = 1: this process would make one call, the others two
-    assert calls == [(12, 14), (3, 9), (12, 5), (12, 9)]  # single forwards skip the last column
+    assert calls == [(12, 14), (3, 9), (12, 5), (3, 9), (12, 5)]  # single forwards skip the last column
 
 
 def test_logprob_module_passes_it_on(tok):

@@ -124,32 +124,45 @@ def _announce(rows, col_start, mask, fan_out) -> None:
         fn(rows, col_start, mask, fan_out)
 
 
-def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, agree=None):
+def can_share_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int) -> bool:
+    """Whether `token_logprobs(share_prompt=True)` would run this call's distinct prompts once:
+    the model's cache allows it (no gradient checkpointing, attention key/value caches only)
+    and it pays (`prompt_share_plan`). The rollout's plan (`gspo.train.plan`) asks this of every
+    forward, so that under FSDP2 the processes make the decision together before any forward."""
+    return _share_plan(model, input_ids, attention_mask, completion_len) is not None
+
+
+def _share_plan(model, input_ids, attention_mask, completion_len: int):
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    if _decoder_body(model) is None or is_activation_checkpointing(model):
+        return None  # (checkpointed layers drop the cache)
+    cache = DynamicCache(config=_text_config(base_model(model)))
+    if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
+        return None  # attention key/value caches only (full or sliding), not recurrent states
+    return prompt_share_plan(input_ids, attention_mask, completion_len)
+
+
+def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, decided: bool | None = None):
     """Final hidden states at the positions predicting y_1..y_T, (N, T, H), with each distinct
     prompt run once: the decoder body runs on the k distinct prompts with a KV cache, the
     cache is expanded to the N rows (the gradient of every row flows back into its prompt's
     keys and values), and the completions run on top of it. The same numbers as one forward
     over [prompt | completion] (causal attention: a prompt position never sees the
-    completion). None when it would not pay (`prompt_share_plan`) or the model's cache does not
-    allow it (gradient checkpointing, recurrent layers). `agree(local decision) -> decision`
-    makes the decision common to processes whose decoder calls are collectives (FSDP2): then
-    every process makes the same two calls, or one."""
+    completion). None when it would not pay or the model's cache does not allow it
+    (`can_share_prompt`), or when `decided` is False. `decided` is the decision made for this
+    call beforehand (the rollout's plan makes it alike on every process whose decoder calls are
+    collectives, FSDP2); None decides here, from this call's rows."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
+    plan = None if decided is False else _share_plan(model, input_ids, attention_mask, t)
+    if plan is None:  # (decided=True with no plan cannot happen: the decision was made from these rows)
+        return None
     length = input_ids.shape[1]
     p = length - t
     body = _decoder_body(model)
-    if body is None or is_activation_checkpointing(model):
-        return None  # (checkpointed layers drop the cache)
     cache = DynamicCache(config=_text_config(base_model(model)))
-    if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
-        return None  # attention key/value caches only (full or sliding), not recurrent states
-    plan = prompt_share_plan(input_ids, attention_mask, t)
-    if agree is not None and not agree(plan is not None and t > 1):  # (t = 1 would be one call)
-        plan = None
-    if plan is None:
-        return None
     first, inverse, cut = plan
     try:
         _announce(first, cut, attention_mask[first, cut:p], inverse)
@@ -286,7 +299,7 @@ def token_logprobs(
     temperature: float = RolloutConfig.temperature,
     chunk_size: int = ModelConfig.logprob_chunk_size,
     share_prompt: bool = ModelConfig.share_prompt,
-    agree=None,
+    decided: bool | None = None,
 ) -> torch.Tensor:
     """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
 
@@ -305,8 +318,9 @@ def token_logprobs(
     distinct prompts go through the decoder with a KV cache, and every row's completion runs on
     top of its prompt's keys and values. The same numbers (to float rounding) and gradients,
     with the prompt's work done once instead of G times; used when it saves at least 1/8 of
-    the call's tokens (`prompt_share_plan`) and the model's cache allows it. Under FSDP2 pass
-    `agree` (see `_shared_prompt_hidden`) so that all processes decide alike.
+    the call's tokens (`prompt_share_plan`) and the model's cache allows it (`can_share_prompt`).
+    ``decided`` is that decision made beforehand (under FSDP2 the rollout's plan makes it alike
+    on every process); None decides from this call's rows.
     """
     _check_inputs(input_ids, attention_mask, completion_len, temperature)
     n, length = input_ids.shape
@@ -327,7 +341,7 @@ def token_logprobs(
     position_ids = position_ids_from_mask(attention_mask)  # (N, L)
     hidden = None
     if share_prompt:
-        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, agree)
+        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, decided)
     if hidden is None:  # one call; the last token predicts nothing here, so it is not run
         try:
             _announce(None, 0, attention_mask[:, :-1], None)
@@ -419,25 +433,25 @@ class LogprobModule(torch.nn.Module):
     and the chunked LM head directly while the wrapper still gathers and reduces the root's
     parameters (embeddings, final norm, head). ``autocast_dtype`` runs the forward under
     ``torch.autocast`` (bf16 compute over fp32 weights on one device or under DDP).
-    ``share_prompt`` runs each distinct prompt of a call once (see `token_logprobs`; ``agree``
-    makes that decision common to all processes, for FSDP2).
+    ``share_prompt`` runs each distinct prompt of a call once (see `token_logprobs`); a call's
+    ``share`` is that decision made beforehand (the rollout's plan, alike on every process).
     """
 
     def __init__(self, policy, *, temperature: float = RolloutConfig.temperature,
                  chunk_size: int = ModelConfig.logprob_chunk_size, autocast_dtype: torch.dtype | None = None,
-                 share_prompt: bool = ModelConfig.share_prompt, agree=None):
+                 share_prompt: bool = ModelConfig.share_prompt):
         super().__init__()
         self.share_prompt = bool(share_prompt)
-        self.agree = agree
         self.policy = policy
         self.temperature = float(temperature)
         self.chunk_size = int(chunk_size)
         self.autocast_dtype = autocast_dtype
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+                share: bool | None = None) -> torch.Tensor:
         """(N, P+T) ids and mask → (N, T) float32 log-probs of the last `completion_len` tokens."""
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
                                   temperature=self.temperature, chunk_size=self.chunk_size,
-                                  share_prompt=self.share_prompt, agree=self.agree)
+                                  share_prompt=self.share_prompt, decided=share)

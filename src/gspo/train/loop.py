@@ -15,6 +15,7 @@ import signal as signals
 import time
 import warnings
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from gspo import algo
 from gspo.train import checkpoint
 from gspo.train import faults
 from gspo.config import Config
+from gspo.models.logprobs import can_share_prompt
 from gspo.data import format_prompt
 from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
@@ -170,24 +172,32 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
     """The rollout's plan (`gspo.train.plan.build_plan`) with this run's settings. The π_old pass runs
     in forwards of minibatch size (one forward over every row runs slower per row once the
     activations leave the cache)."""
-    s, n = run.cfg.schedule, rollout.num_samples
+    s, n, d = run.cfg.schedule, rollout.num_samples, run.dist
+
+    def can_share(rows: torch.Tensor) -> bool:  # would the forward over these rows run each prompt once?
+        part = rollout.select(rows)
+        return run.cfg.model.share_prompt and can_share_prompt(run.policy, part.input_ids, part.attention_mask,
+                                                               part.completion_ids.shape[1])
+
     return build_plan(minibatches(run, state.rollout, n), rollout.completion_lengths, live=live_rows(run, adv),
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",
                       old_pass=run.old_logp == "trainer", old_forward_size=s.micro_batch_size or max(n // s.num_minibatches, 1),
-                      gather=run.dist.all_gather)
+                      gather=d.all_gather, can_share=can_share,
+                      share_together=d.enabled and d.strategy == "fsdp")  # (every decoder call gathers shards)
 
 
-def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str):
-    """The rows `idx` of the rollout (trimmed) and their trainer log-probs (b, T_part). On a MoE
-    model the routers' choices are recorded (`mode="capture"`, the π_old pass) or compared with
-    the recorded ones, and replayed when `algo.routing_replay` (`mode="compare"`)."""
+def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool):
+    """The rows `idx` of the rollout (trimmed) and their trainer log-probs (b, T_part), each
+    distinct prompt run once when the plan says `share`. On a MoE model the routers' choices
+    are recorded (`mode="capture"`, the π_old pass) or compared with the recorded ones, and
+    replayed when `algo.routing_replay` (`mode="compare"`)."""
     part = rollout.select(idx)
-    ids, mask = part.input_ids.to(run.device), part.attention_mask.to(run.device)
+    ids, mask, T = part.input_ids.to(run.device), part.attention_mask.to(run.device), part.completion_ids.shape[1]
     if run.routes is None:
-        return part, run.trainer(ids, mask, part.completion_ids.shape[1])
+        return part, run.trainer(ids, mask, T, share)
     off = rollout.prompt_ids.shape[1] - part.prompt_ids.shape[1]  # columns trimmed on the left
     with run.routes.forward(mode, idx, off, mask, replay=mode == "compare" and run.cfg.algo.routing_replay):
-        return part, run.trainer(ids, mask, part.completion_ids.shape[1])
+        return part, run.trainer(ids, mask, T, share)
 
 
 @torch.no_grad()
@@ -201,11 +211,11 @@ def old_logprobs(run: Run, rollout: Rollout, plan: Plan) -> torch.Tensor:
     if run.old_logp == "sampler":
         return rollout.sampler_logp
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=run.device)
-    for idx in plan.old_forwards:
+    for idx, share in zip_longest(plan.old_forwards, plan.old_share):  # (no decision: the forward decides)
         if idx is None:  # placeholder: row 0 at the current weights (its π_old), result unused
-            trainer_logprobs(run, rollout, torch.zeros(1, dtype=torch.long), "capture")
+            trainer_logprobs(run, rollout, torch.zeros(1, dtype=torch.long), "capture", share)
             continue
-        _, lp = trainer_logprobs(run, rollout, idx, "capture")  # (b, T_part)
+        _, lp = trainer_logprobs(run, rollout, idx, "capture", share)  # (b, T_part)
         out[idx.to(out.device), : lp.shape[1]] = lp.float()
     return out
 
@@ -222,7 +232,7 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     sums: dict[str, float] = {}
     loss_total, gaps = 0.0, []
     for micro in mb.micro:
-        part, logp = trainer_logprobs(run, rollout, micro.rows, "capture" if fill else "compare")  # (b, T)
+        part, logp = trainer_logprobs(run, rollout, micro.rows, "capture" if fill else "compare", micro.share)  # (b, T)
         T = part.completion_ids.shape[1]
         if fill:
             old_logp[micro.rows, :T] = logp.detach().float()

@@ -12,7 +12,9 @@ of forwards in the same order, whatever its own rows. Three things differ betwee
 - the π_old pass runs the rows that need it in forwards of a fixed size: a process with fewer
   forwards pads with placeholders up to the largest count;
 - with `algo.aggregation=token-mean` a micro-batch's weight is its share of the GLOBAL token
-  count of its minibatch.
+  count of its minibatch;
+- whether a forward runs each distinct prompt once (`model.share_prompt`) changes how many
+  decoder calls it makes: under FSDP2 a forward shares only if it does on every process.
 
 `build_plan` takes every process's counts from `gather` (one all-gather of a short vector;
 the identity on one process), so it is a pure function of them and is tested without processes
@@ -22,7 +24,7 @@ the identity on one process), so it is a pure function of them and is tested wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -36,6 +38,7 @@ class Micro:
     weight: float       # factor on its loss: its share of the minibatch loss (0 for a placeholder)
     tokens: int         # completion tokens of `rows` (0 for a placeholder)
     placeholder: bool   # runs only so that every process makes the same calls; adds nothing
+    share: bool = False  # the forward runs each distinct prompt once
 
     @property
     def num_rows(self) -> int:
@@ -56,6 +59,7 @@ class Plan:
     minibatches: list[Minibatch]
     old_forwards: list[torch.Tensor | None]  # the π_old pass, one entry per forward; None: placeholder
     live: torch.Tensor | None                # (N,) bool: rows with a nonzero advantage; None: every row runs
+    old_share: list[bool] = field(default_factory=list)  # per π_old forward: runs each distinct prompt once
 
     @property
     def skips(self) -> bool:
@@ -67,7 +71,7 @@ Gather = Callable[[torch.Tensor], torch.Tensor]  # (k,) float64 -> (world_size, 
 
 def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, live: torch.Tensor | None,
                micro_size: int, token_mean: bool, old_pass: bool, old_forward_size: int,
-               gather: Gather) -> Plan:
+               gather: Gather, can_share=None, share_together: bool = False) -> Plan:
     """The plan of one rollout on this process.
 
     `minibatch_rows` are the local rows of each optimizer step (`gspo.train.minibatches`);
@@ -75,7 +79,10 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     `micro_size` rows per forward (0: the whole minibatch). With `old_pass`, the π_old pass runs
     every live row outside the first minibatch (whose own forward, before the first optimizer
     step, is π_old), sorted by length so each forward trims more padding, `old_forward_size`
-    rows a forward. `gather` is `Dist.all_gather` (or the identity with a leading dim)."""
+    rows a forward. `gather` is `Dist.all_gather` (or the identity with a leading dim).
+    `can_share(rows) -> bool` says whether the forward over `rows` would run each distinct
+    prompt once (`gspo.models.logprobs.can_share_prompt`; None: never); with `share_together`
+    (FSDP2) a forward shares only if it does on every process."""
     lengths = lengths.cpu()
     pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in minibatch_rows]
     kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
@@ -88,14 +95,23 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     old_forwards: list = list(old_rows.split(old_forward_size)) if len(old_rows) else []
 
     # this process's counts: tokens of each minibatch | live rows of each piece | π_old forwards
+    # | whether each piece's forward would share | whether each possible π_old forward would
+    share = can_share or (lambda rows: False)
+    n_pieces = sum(len(mb) for mb in pieces)
+    max_old = -(-len(lengths) // old_forward_size) if old_pass else 0  # the most π_old forwards any process has
+    piece_share = [float(len(p) > 0 and share(p)) for mb in kept for p in mb]
+    old_local = [float(share(f)) for f in old_forwards] + [0.0] * (max_old - len(old_forwards))
     mine = ([float(lengths[mb].sum()) for mb in minibatch_rows] + [float(len(p)) for mb in kept for p in mb]
-            + [float(len(old_forwards))])
+            + [float(len(old_forwards))] + piece_share + old_local)
     every = gather(torch.tensor(mine, dtype=torch.float64)).view(-1, len(mine))  # (world, k)
     world = every.shape[0]
     total = every.sum(0).tolist()
     M = len(minibatch_rows)
-    mb_tokens, anywhere = total[:M], total[M:-1]
-    old_forwards += [None] * (int(every[:, -1].max()) - len(old_forwards))
+    mb_tokens, anywhere = total[:M], total[M:M + n_pieces]
+    n_old = int(every[:, M + n_pieces].max())
+    decided = every.min(0).values.tolist() if share_together else mine  # FSDP2: share only where all do
+    piece_share, old_share = decided[M + n_pieces + 1:M + 2 * n_pieces + 1], decided[M + 2 * n_pieces + 1:]
+    old_forwards += [None] * (n_old - len(old_forwards))
 
     out, j = [], 0
     for k, (mb, mb_pieces, mb_kept) in enumerate(zip(minibatch_rows, pieces, kept)):
@@ -104,14 +120,15 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
             n_any, j = anywhere[j], j + 1
             if n_any == 0:
                 continue  # no process runs it: every process drops it
+            together = bool(piece_share[j - 1])
             if len(rows) == 0:
-                micro.append(Micro(piece[:1], 0.0, 0, True))
+                micro.append(Micro(piece[:1], 0.0, 0, True, together))
                 continue
             tokens = int(lengths[rows].sum())
             weight = tokens / max(mb_tokens[k], 1) * world if token_mean else len(rows) / len(mb)
-            micro.append(Micro(rows, weight, tokens, False))
+            micro.append(Micro(rows, weight, tokens, False, together))
         out.append(Minibatch(mb, micro, len(mb) * world))
-    return Plan(out, old_forwards, live)
+    return Plan(out, old_forwards, live, [bool(x) for x in old_share[:n_old]])
 
 
 def any_process(flag: float, all_reduce) -> float:

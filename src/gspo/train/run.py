@@ -296,11 +296,8 @@ def build_run(cfg: Config) -> Run:
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
-    # Under FSDP2 every decoder call gathers the shards, so all ranks must make the same calls:
-    # each rank's own decision to share prompts (from its rows) is reduced to a common one.
-    agree = (lambda ok: d.all_reduce([float(ok)], "min")[0] > 0) if d.enabled and d.strategy == "fsdp" else None
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
-                            autocast_dtype=autocast, share_prompt=cfg.model.share_prompt, agree=agree)
+                            autocast_dtype=autocast, share_prompt=cfg.model.share_prompt)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
     if r.backend == "vllm":
