@@ -111,9 +111,14 @@ def test_ddp_with_token_mean_matches_one_process(tmp_path):
     """DDP, and GRPO's token-mean, which needs each minibatch's global token count (an all-reduce)."""
     extra = ("algo.level=token", "algo.aggregation=token-mean", "schedule.rollouts=2")
     one = train(tmp_path, "one", *extra)
-    ddp = train(tmp_path, "ddp", *extra, "distributed.strategy=ddp", nproc=2)
+    ddp = train(tmp_path, "ddp", *extra, "distributed.strategy=ddp", "logging.report_to=[tensorboard]", nproc=2)
     assert max_diff(final(one), final(ddp)) <= TOL
     assert_metrics_close(one, ddp)
+    # rank 0 alone writes to the trackers: one event file, every optimizer step once
+    from test_trackers import tensorboard_scalars
+
+    assert len(list((ddp / "tensorboard").rglob("events.out.tfevents.*"))) == 1
+    assert [s for s, _ in tensorboard_scalars(ddp)["loss"]] == [m["step"] for m in metrics(ddp) if "loss" in m]
     ck = one / "checkpoints"
     assert max_diff(load_file(ck / "step-2" / "model.safetensors"), load_file(ck / "step-4" / "model.safetensors")) > 1e-4
 
