@@ -67,10 +67,10 @@ def test_bos_is_in_sampled_trained_and_evaluated_prompt_ids_exactly_once(tmp_pat
 
     fwd = logprobs.LogprobModule.forward
 
-    def spy_forward(self, input_ids, attention_mask, completion_len):
+    def spy_forward(self, input_ids, attention_mask, completion_len, *rest):
         P = input_ids.shape[1] - completion_len
         seen["trained"] += real(input_ids[:, :P], attention_mask[:, :P])
-        return fwd(self, input_ids, attention_mask, completion_len)
+        return fwd(self, input_ids, attention_mask, completion_len, *rest)
 
     import transformers
 

@@ -1,0 +1,233 @@
+"""The configuration's dataclasses: one per concern, each field with its default and a one-line
+doc (`metadata["help"]`, printed by `gspo train --help`). Every default of gspo lives here; YAML
+and the command line only override."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+# The clip range of each algo.level (paper §5.1: GSPO 3e-4 / 4e-4, GRPO 0.2 / 0.27). They differ
+# by orders of magnitude: the sequence ratio s_i is a geometric mean of token ratios and stays
+# within ~1e-3 of 1, where 0.2 would never clip. load_config fills algo.eps_low / eps_high from
+# here when they are left unset, so the run's config.yaml holds the values it trained with.
+PAPER_CLIP = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
+
+# logging.report_to's values (TRL's names); gspo.report.trackers has a class for each
+TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "mlflow")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value, named by its dotted field path."""
+
+
+def doc(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a default and a one-line help string."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = doc("tiny", "HF model id or local path; 'tiny' builds the demo's tiny Qwen3 from scratch")
+    dtype: str = doc("float32", "parameter dtype: float32 | bfloat16")
+    device: str = doc("auto", "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N")
+    trust_remote_code: bool = doc(False, "allow model repos to run their own Python code (off unless you trust the repo)")
+    gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
+    dropout: bool = doc(False, "apply the checkpoint's dropout (and LoRA's) in the trainer's passes; off by default because "
+                        "it is noise in the ratio: pi_theta differs from pi_old on the same weights (docs/modes.md)")
+    mixed_precision: str = doc("no", "no | bf16: bf16 compute over fp32 master weights (FSDP2 policy under torchrun, else autocast)")
+    share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
+                             "(same numbers; not under gradient checkpointing); false for a remote-code decoder "
+                             "that does not take a prompt's KV cache as transformers' own models do")
+    logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
+
+
+@dataclass
+class TinyConfig:
+    """The built-in tiny model (model.name_or_path=tiny): the demo's and the tests' model."""
+
+    hidden_size: int = doc(128, "hidden size of the built-in tiny model (model.name_or_path=tiny)")
+    num_layers: int = doc(3, "layers of the built-in tiny model")
+    moe: bool = doc(False, "make the built-in tiny model a Qwen3-MoE")
+    num_experts: int = doc(8, "experts per MoE layer of the built-in tiny model (tiny.moe=true)")
+    experts_per_tok: int = doc(2, "experts each token is routed to (top-k) in the built-in tiny MoE")
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = doc(False, "train LoRA adapters (peft; extra gspo[lora]) instead of every weight")
+    r: int = doc(16, "adapter rank")
+    alpha: float = doc(32.0, "LoRA alpha (the update is scaled by alpha / r)")
+    dropout: float = doc(0.0, "dropout on the adapters' input; acts only with model.dropout=true")
+    target_modules: List[str] = doc(["all-linear"], "modules to adapt: names like q_proj, or all-linear (every linear layer but the head)")
+    merge_final: bool = doc(True, "final/ holds the merged model (the adapters alone go to final/adapter)")
+
+
+@dataclass
+class DistributedConfig:
+    strategy: str = doc("fsdp", "under torchrun: fsdp (FSDP2 fully_shard) | ddp (replicated weights)")
+    backend: str = doc("auto", "process group backend: auto (nccl on GPUs, gloo on CPUs) | nccl | gloo")
+    reshard_after_forward: bool = doc(True, "FSDP2: free gathered weights after each forward (less memory, more traffic)")
+    timeout_s: float = doc(1800.0, "collective timeout in seconds")
+
+
+@dataclass
+class DataConfig:
+    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .parquet / datasets save_to_disk path")
+    prompt_column: str = doc("prompt", "column holding the prompt (a string, or a list of chat messages)")
+    split: Optional[str] = doc(None, "split to use when the source is a DatasetDict (default: train)")
+    difficulty: int = doc(1, "difficulty of the built-in task (1 = easiest)")
+    num_prompts: int = doc(2000, "number of prompts generated for a built-in task")
+    eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out "
+                                     "split of eval.num_prompts prompts")
+    max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count")
+    shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded)")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = doc("hf", "generation backend: hf (transformers generate) | vllm (extra gspo[vllm])")
+    prompts_per_step: int = doc(16, "prompts (groups) per rollout, B")
+    group_size: int = doc(8, "completions per prompt, G (paper Eq. 6 normalises within a group)")
+    max_new_tokens: int = doc(64, "maximum completion length in tokens")
+    temperature: float = doc(1.0, "sampling temperature; log-probs are taken at this temperature")
+    top_p: float = doc(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = doc(0, "top-k sampling (0 = off)")
+    batch_size: int = doc(0, "sequences per generate() call and per seeded sampling chunk (0 = the process's whole share); "
+                          "set it to make samples independent of the number of processes")
+    old_logp: str = doc("auto", "pi_old source: trainer (one no-grad pass) | sampler (the generator's log-probs, paper §5.4) | "
+                        "auto (sampler when they are the trainer's own numbers: hf backend, fp32, no MoE routes to "
+                        "record, no LoRA dropout; else trainer)")
+    decode: str = doc("gspo", "hf backend's decode loop: gspo (own KV-cache loop, finished rows leave the batch) | "
+                      "generate (transformers' generate, for architectures that need its preparation)")
+
+
+@dataclass
+class VllmConfig:
+    gpu_memory_utilization: float = doc(0.3, "rollout.backend=vllm: fraction of the GPU the engine may take (weights, activations, KV cache); the trainer keeps the rest")
+    sleep: bool = doc(True, "vllm: free the engine's GPU memory between rollouts (sleep level 1; ignored where unsupported, e.g. CPU)")
+    dtype: str = doc("auto", "vllm engine dtype: auto (a bf16/fp16 policy's own, else bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    enforce_eager: bool = doc(False, "vllm: no CUDA graphs or torch.compile (starts faster, decodes slower)")
+    max_model_len: int = doc(0, "vllm: longest prompt + completion served (0 = data.max_prompt_tokens + rollout.max_new_tokens)")
+    kv_cache_gb: float = doc(0.0, "vllm: KV cache size in GiB (0 = sized by vLLM from gpu_memory_utilization, or its CPU default)")
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = doc("exact_answer", "built-in reward name, import path (pkg.module:function) or file (path/to/file.py:function); "
+                    "modules and files are found among installed modules, in the working directory and beside the config file")
+    weight: float = doc(1.0, "weight of this function in the summed reward")
+    kwargs: Dict[str, Any] = doc({}, "extra keyword arguments passed to the function")
+
+
+@dataclass
+class RewardsConfig:
+    functions: List[RewardFunctionConfig] = field(
+        default_factory=lambda: [RewardFunctionConfig()],
+        metadata={"help": "reward functions: a list of {name, weight, kwargs}"})
+    timeout_s: float = doc(60.0, "deadline for one reward call; a hung function is killed and counted")
+    on_error: str = doc("raise", "when a reward function fails: raise | skip (score missing) | zero")
+    num_workers: int = doc(1, "reward worker processes")
+    allow_code_execution: bool = doc(False, "allow the code_tests reward to run model-written code (contained, not sandboxed)")
+
+
+@dataclass
+class AlgoConfig:
+    level: str = doc("sequence", "sequence (GSPO) | sequence_token (GSPO-token) | token (GRPO baseline)")
+    eps_low: Optional[float] = doc(None, "lower clip range; default per level: 3e-4 sequence levels, 0.2 token (paper §5.1)")
+    eps_high: Optional[float] = doc(None, "upper clip range; default per level: 4e-4 sequence levels, 0.27 token")
+    aggregation: Optional[str] = doc(None, "token level only: seq-mean-token-mean | token-mean | seq-mean-token-sum-norm")
+    max_log_ratio: float = doc(10.0, "log-ratios are clamped to +-this before exp (finite loss for finite inputs)")
+    adv_scale: str = doc("group", "advantage scaling: group (divide by group std, Eq. 6) | none (mean only, Dr. GRPO)")
+    adv_eps: float = doc(1e-6, "added to the group std")
+    routing_replay: bool = doc(False, "MoE: reuse pi_old's experts in the update pass (for the GRPO baseline)")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = doc(1e-6, "peak learning rate (AdamW)")
+    weight_decay: float = doc(0.0, "AdamW weight decay")
+    beta1: float = doc(0.9, "AdamW beta1")
+    beta2: float = doc(0.999, "AdamW beta2")
+    adam_eps: float = doc(1e-8, "AdamW epsilon")
+    max_grad_norm: float = doc(1.0, "clip the global gradient norm to this (0 = off)")
+
+
+@dataclass
+class ScheduleConfig:
+    rollouts: int = doc(100, "number of rollouts (each: generate, score, num_minibatches optimizer steps)")
+    num_minibatches: int = doc(4, "optimizer steps per rollout (paper §5.1: 4, so steps 2-4 are off-policy)")
+    micro_batch_size: int = doc(0, "sequences per forward/backward inside a minibatch (0 = the whole minibatch)")
+    skip_zero_advantage: bool = doc(True, "leave rows with advantage 0 (a group whose rewards are all equal) out of the "
+                                    "trainer's passes: they add exactly 0 to the loss and gradient; metrics then cover "
+                                    "the other rows (rows/skipped_frac); false: clip and ratio metrics over every row, "
+                                    "as TRL and verl report them")
+    minibatch_by: str = doc("group", "how rows are dealt into minibatches: group (a group's rows together, in "
+                            "random order, so their prompt runs once; verl's layout) | row (each row on its own; "
+                            "TRL's layout, for runs compared step by step against TRL)")
+    warmup_steps: int = doc(0, "linear LR warm-up, in optimizer steps")
+    lr_schedule: str = doc("constant", "after warm-up: constant | cosine")
+    min_lr_ratio: float = doc(0.0, "cosine schedule floor, as a fraction of lr")
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc(0, "evaluate on held-out prompts every N rollouts (0 = only at start and end)")
+    num_prompts: int = doc(100, "held-out prompts per evaluation (a built-in task's held-out split has this many; "
+                           "data.eval_source is cut to it)")
+    pass_k: int = doc(0, "also sample k completions per prompt and report pass@k (0 = off)")
+    enabled: bool = doc(True, "evaluate at all")
+
+
+@dataclass
+class LoggingConfig:
+    console: bool = doc(True, "progress bar and tables on the console")
+    completions_every: int = doc(10, "write sampled completions to completions/ every N rollouts (0 = never)")
+    table_every: int = doc(10, "print a table of sample completions every N rollouts (0 = never)")
+    table_rows: int = doc(4, "rows in the console completions table")
+    routing_per_layer: bool = doc(False, "MoE: also log routing/changed_frac for every layer")
+    report_to: List[str] = doc([], "experiment trackers (TRL's names): any of tensorboard, wandb, trackio, mlflow "
+                               "(extras gspo[NAME]); each gets every step's metrics, the completions and the config")
+    project: str = doc("gspo", "wandb / trackio project and mlflow experiment the run (named output.name) is filed under")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = doc(0, "save a checkpoint every N rollouts (0 = only at the end and on SIGTERM/SIGINT)")
+    keep_last: int = doc(2, "checkpoints kept")
+    max_bad_steps: int = doc(5, "stop after this many consecutive non-finite losses or gradient norms")
+
+
+@dataclass
+class OutputConfig:
+    dir: str = doc("runs", "parent directory of run directories")
+    name: str = doc("gspo", "run name: the run directory is dir/name")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tiny: TinyConfig = field(default_factory=TinyConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    seed: int = doc(0, "seed for data order, sampling and initialisation")
+    threads: int = doc(0, "torch CPU threads (0 = auto: 1 on machines with <= 4 cores, else cores/2)")
+    resume: str = doc("none", "none | auto (newest complete checkpoint of the run directory) | PATH to a checkpoint")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output.dir) / self.output.name

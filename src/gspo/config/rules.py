@@ -1,0 +1,172 @@
+"""The configuration's cross-field rules (`validate`, and `validate_world` once the number of
+processes is known): every failure is one `ConfigError` naming the field, raised before any
+model loads."""
+
+from __future__ import annotations
+
+from gspo.config.fields import PAPER_CLIP, TRACKER_NAMES, Config, ConfigError
+
+# ---------------------------------------------------------------- validation
+
+
+def _check(cond: bool, field_name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config field '{field_name}': {msg}")
+
+
+def validate_world(cfg: Config, world_size: int) -> None:
+    """The rules that depend on the number of processes (checked again once torchrun's is known):
+    every rank gets whole prompts, its share splits into sampling chunks, and every chunk
+    splits into the minibatches (so each optimizer step sees every rank's data)."""
+    r, s = cfg.rollout, cfg.schedule
+    _check(r.prompts_per_step % world_size == 0, "rollout.prompts_per_step",
+           f"{r.prompts_per_step} prompts do not split evenly over {world_size} processes")
+    share = r.prompts_per_step // world_size * r.group_size
+    chunk = r.batch_size or share
+    _check(share % chunk == 0, "rollout.batch_size",
+           f"each process's {share} sequences do not split into chunks of {chunk}")
+    _check(chunk % s.num_minibatches == 0, "schedule.num_minibatches",
+           f"a sampling chunk of {chunk} sequences (rollout.batch_size, or each process's share) does not "
+           f"split into {s.num_minibatches} minibatches")
+    per_rank_mb = share // s.num_minibatches
+    _check(s.micro_batch_size <= per_rank_mb or world_size == 1, "schedule.micro_batch_size",
+           f"{s.micro_batch_size} is larger than each process's part of a minibatch ({per_rank_mb} sequences)")
+    _check(s.micro_batch_size == 0 or per_rank_mb % s.micro_batch_size == 0, "schedule.micro_batch_size",
+           f"each process's part of a minibatch ({per_rank_mb} sequences) does not split into micro-batches "
+           f"of {s.micro_batch_size}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field rules that types cannot express. Raises one ConfigError naming the field."""
+    from gspo import algo
+
+    m, d, r, s = cfg.model, cfg.data, cfg.rollout, cfg.schedule
+    _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"'{m.dtype}' is not float32 | bfloat16 | float16")
+    _check(m.mixed_precision in ("no", "bf16"), "model.mixed_precision", f"'{m.mixed_precision}' is not no | bf16")
+    _check(not (m.mixed_precision == "bf16" and m.dtype != "float32"), "model.mixed_precision",
+           f"bf16 mixed precision keeps fp32 master weights: set model.dtype=float32 (got {m.dtype})")
+    lc = cfg.lora
+    _check(lc.r >= 1, "lora.r", "must be >= 1")
+    _check(lc.alpha > 0, "lora.alpha", "must be > 0")
+    _check(0 <= lc.dropout < 1, "lora.dropout", "must be in [0, 1)")
+    _check(lc.dropout == 0 or not lc.enabled or m.dropout, "lora.dropout",
+           f"{lc.dropout} would never act: dropout is off in every pass that enters the ratio unless "
+           f"model.dropout=true (set it to accept the noise, or leave lora.dropout at 0)")
+    _check(len(lc.target_modules) >= 1, "lora.target_modules", "needs at least one module name (or all-linear)")
+    dc = cfg.distributed
+    _check(dc.strategy in ("fsdp", "ddp"), "distributed.strategy", f"'{dc.strategy}' is not fsdp | ddp")
+    _check(dc.backend in ("auto", "nccl", "gloo"), "distributed.backend", f"'{dc.backend}' is not auto | nccl | gloo")
+    _check(dc.timeout_s > 0, "distributed.timeout_s", "must be > 0")
+    _check(m.logprob_chunk_size >= 1, "model.logprob_chunk_size", "must be >= 1")
+    t = cfg.tiny
+    _check(t.num_experts >= 1, "tiny.num_experts", "must be >= 1")
+    _check(1 <= t.experts_per_tok <= t.num_experts, "tiny.experts_per_tok",
+           f"must be in [1, tiny.num_experts={t.num_experts}]")
+    _check(r.backend in ("hf", "vllm"), "rollout.backend", f"'{r.backend}' is not hf | vllm")
+    _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 (got {r.group_size}): group advantages need at least two samples")
+    _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs are taken at the sampling temperature)")
+    _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
+    _check(r.batch_size >= 0, "rollout.batch_size", "must be >= 0")
+    _check(r.old_logp in ("auto", "trainer", "sampler"), "rollout.old_logp",
+           f"'{r.old_logp}' is not auto | trainer | sampler")
+    _check(r.decode in ("gspo", "generate"), "rollout.decode", f"'{r.decode}' is not gspo | generate")
+    _validate_vllm(cfg)
+    n = r.prompts_per_step * r.group_size
+    _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
+    _check(n % s.num_minibatches == 0, "schedule.num_minibatches",
+           f"the rollout of {r.prompts_per_step} x {r.group_size} = {n} sequences does not split into {s.num_minibatches} minibatches")
+    mb = n // s.num_minibatches
+    _check(s.micro_batch_size >= 0, "schedule.micro_batch_size", "must be >= 0")
+    _check(s.micro_batch_size <= mb, "schedule.micro_batch_size",
+           f"{s.micro_batch_size} is larger than the minibatch ({mb} sequences)")
+    _check(s.micro_batch_size == 0 or mb % s.micro_batch_size == 0, "schedule.micro_batch_size",
+           f"the minibatch of {mb} sequences does not split into micro-batches of {s.micro_batch_size}")
+    validate_world(cfg, 1)
+    _check(s.rollouts >= 1, "schedule.rollouts", "must be >= 1")
+    _check(s.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
+    _check(s.minibatch_by in ("group", "row"), "schedule.minibatch_by", f"'{s.minibatch_by}' is not group | row")
+    _check(s.lr_schedule in ("constant", "cosine"), "schedule.lr_schedule", f"'{s.lr_schedule}' is not constant | cosine")
+    _check(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
+    _check(cfg.optim.lr > 0, "optim.lr", "must be > 0")
+    _check(cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0")
+    _check(d.num_prompts >= 1, "data.num_prompts", "must be >= 1")
+    _check(d.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
+    a = cfg.algo
+    _check(a.adv_scale in ("group", "none"), "algo.adv_scale", f"'{a.adv_scale}' is not group | none")
+    _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
+    max_len = r.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
+    try:
+        fill_clip(cfg)
+        lo, hi, _ = algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len,
+                                       max_log_ratio=a.max_log_ratio)
+    except ValueError as e:
+        raise ConfigError(f"config field 'algo': {e}") from None
+    _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
+           f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
+    _check(not (a.routing_replay and r.old_logp == "sampler"), "algo.routing_replay",
+           "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer")
+    rw = cfg.rewards
+    _check(rw.on_error in ("raise", "skip", "zero"), "rewards.on_error", f"'{rw.on_error}' is not raise | skip | zero")
+    _check(rw.timeout_s > 0, "rewards.timeout_s", "must be > 0")
+    _check(rw.num_workers >= 1, "rewards.num_workers", "must be >= 1")
+    _check(len(rw.functions) >= 1, "rewards.functions", "needs at least one reward function")
+    for i, fn in enumerate(rw.functions):
+        _check(bool(fn.name), f"rewards.functions[{i}].name", "must not be empty")
+        if fn.name == "code_tests":
+            _check(rw.allow_code_execution, "rewards.allow_code_execution",
+                   "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
+    names = cfg.logging.report_to
+    unknown = [n for n in names if n not in TRACKER_NAMES]
+    _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(unknown)}: choose from {' | '.join(TRACKER_NAMES)}")
+    _check(len(set(names)) == len(names), "logging.report_to", "names a tracker twice")
+    _check(bool(cfg.logging.project), "logging.project", "must not be empty")
+    c = cfg.checkpoint
+    _check(c.every >= 0, "checkpoint.every", "must be >= 0")
+    _check(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
+    _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
+    _check(cfg.threads >= 0, "threads", "must be >= 0")
+    _check(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain directory name")
+
+
+def _validate_vllm(cfg: Config) -> None:
+    """The vllm section, and the rollout settings the vllm backend cannot honour exactly."""
+    v, r = cfg.vllm, cfg.rollout
+    _check(0 < v.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "must be in (0, 1]")
+    _check(v.dtype in ("auto", "float32", "bfloat16", "float16"), "vllm.dtype",
+           f"'{v.dtype}' is not auto | float32 | bfloat16 | float16")
+    _check(v.max_model_len >= 0, "vllm.max_model_len", "must be >= 0")
+    _check(v.kv_cache_gb >= 0, "vllm.kv_cache_gb", "must be >= 0")
+    if r.backend != "vllm":
+        return
+    need = cfg.data.max_prompt_tokens + r.max_new_tokens
+    _check(v.max_model_len == 0 or v.max_model_len >= need, "vllm.max_model_len",
+           f"{v.max_model_len} is shorter than data.max_prompt_tokens + rollout.max_new_tokens = {need}")
+    vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)  # raises a ConfigError naming the field
+
+
+def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
+    """The vLLM ``logprobs_mode`` whose value is log_softmax(raw_logits / T) of the unfiltered
+    distribution (`gspo.rollout.vllm`'s docstring says why), or a ConfigError when none is."""
+    filtered = top_p < 1.0 or top_k > 0
+    if not filtered:
+        return "processed_logprobs"  # temperature only: nothing else is configured
+    if temperature == 1.0:
+        return "raw_logprobs"
+    name = "rollout.top_p" if top_p < 1.0 else "rollout.top_k"
+    raise ConfigError(
+        f"config field '{name}': with rollout.backend=vllm, top-p/top-k filtering works only at "
+        f"rollout.temperature=1 (got {temperature}): vLLM returns either raw log-probs (T = 1) or "
+        f"log-probs renormalised over the filtered tokens, never log_softmax(logits / T) unfiltered, "
+        f"which π_old must be. Set rollout.top_p=1 and rollout.top_k=0, or rollout.temperature=1")
+
+
+def fill_clip(cfg: Config) -> None:
+    """algo.eps_low / eps_high left unset take the level's clip range (`PAPER_CLIP`)."""
+    a = cfg.algo
+    if a.level in PAPER_CLIP:
+        low, high = PAPER_CLIP[a.level]
+        a.eps_low = low if a.eps_low is None else a.eps_low
+        a.eps_high = high if a.eps_high is None else a.eps_high
