@@ -175,6 +175,7 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
 
     gen = 0
     chunk = run.generator.batch_size or n
+    share = getattr(run.trainer, "share_prompt", False)  # (a forward the plan left undecided shares if it pays)
     for s in range(0, n, chunk):
         mask, ids = rollout.prompt_mask[s:s + chunk], rollout.prompt_ids[s:s + chunk]
         P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
@@ -188,7 +189,7 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
             continue
         part = rollout.select(idx)
         old += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
-                          int(part.completion_mask.sum()), train=False, share=shared)
+                          int(part.completion_mask.sum()), train=False, share=shared is not False and share)
         old_positions = max(old_positions, part.input_ids.numel())
         old_total += part.input_ids.numel()
         old_real += int(part.attention_mask.sum())
@@ -199,7 +200,7 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
             b, L = part.input_ids.shape
             mc = int(part.completion_mask.sum())
             upd += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1], mc, train=True,
-                              share=mi.share)
+                              share=mi.share is not False and share)
             upd_model += train_flops(d, b, L, mc, executed=False)
             positions += b * L
             real += int(part.attention_mask.sum())

@@ -182,13 +182,13 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
     return build_plan(minibatches(run, state.rollout, n), rollout.completion_lengths, live=live_rows(run, adv),
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",
                       old_pass=run.old_logp == "trainer", old_forward_size=s.micro_batch_size or max(n // s.num_minibatches, 1),
-                      gather=d.all_gather, can_share=can_share,
-                      share_together=d.enabled and d.strategy == "fsdp")  # (every decoder call gathers shards)
+                      gather=d.all_gather, share_together=True,  # (under FSDP2 every decoder call gathers shards)
+                      can_share=can_share if d.enabled and d.strategy == "fsdp" else None)
 
 
-def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool):
+def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool | None):
     """The rows `idx` of the rollout (trimmed) and their trainer log-probs (b, T_part), each
-    distinct prompt run once when the plan says `share`. On a MoE model the routers' choices
+    distinct prompt run once when the plan says `share` (None: the forward decides). On a MoE model the routers' choices
     are recorded (`mode="capture"`, the π_old pass) or compared with the recorded ones, and
     replayed when `algo.routing_replay` (`mode="compare"`)."""
     part = rollout.select(idx)

@@ -38,7 +38,7 @@ class Micro:
     weight: float       # factor on its loss: its share of the minibatch loss (0 for a placeholder)
     tokens: int         # completion tokens of `rows` (0 for a placeholder)
     placeholder: bool   # runs only so that every process makes the same calls; adds nothing
-    share: bool = False  # the forward runs each distinct prompt once
+    share: bool | None = None  # runs each distinct prompt once; None: the forward decides from its rows
 
     @property
     def num_rows(self) -> int:
@@ -59,7 +59,7 @@ class Plan:
     minibatches: list[Minibatch]
     old_forwards: list[torch.Tensor | None]  # the π_old pass, one entry per forward; None: placeholder
     live: torch.Tensor | None                # (N,) bool: rows with a nonzero advantage; None: every row runs
-    old_share: list[bool] = field(default_factory=list)  # per π_old forward: runs each distinct prompt once
+    old_share: list[bool | None] = field(default_factory=list)  # per π_old forward, as Micro.share
 
     @property
     def skips(self) -> bool:
@@ -81,8 +81,9 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     step, is π_old), sorted by length so each forward trims more padding, `old_forward_size`
     rows a forward. `gather` is `Dist.all_gather` (or the identity with a leading dim).
     `can_share(rows) -> bool` says whether the forward over `rows` would run each distinct
-    prompt once (`gspo.models.logprobs.can_share_prompt`; None: never); with `share_together`
-    (FSDP2) a forward shares only if it does on every process."""
+    prompt once (`gspo.models.logprobs.can_share_prompt`); with `share_together` (FSDP2) a
+    forward shares only if it does on every process. Without `can_share` the plan leaves the
+    decision to each forward (None), which costs nothing where the processes need not agree."""
     lengths = lengths.cpu()
     pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in minibatch_rows]
     kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
@@ -96,21 +97,25 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
 
     # this process's counts: tokens of each minibatch | live rows of each piece | π_old forwards
     # | whether each piece's forward would share | whether each possible π_old forward would
-    share = can_share or (lambda rows: False)
     n_pieces = sum(len(mb) for mb in pieces)
-    max_old = -(-len(lengths) // old_forward_size) if old_pass else 0  # the most π_old forwards any process has
-    piece_share = [float(len(p) > 0 and share(p)) for mb in kept for p in mb]
-    old_local = [float(share(f)) for f in old_forwards] + [0.0] * (max_old - len(old_forwards))
+    share_slots = []
+    if can_share is not None:
+        max_old = -(-len(lengths) // old_forward_size) if old_pass else 0  # the most π_old forwards of any process
+        share_slots = ([float(len(p) > 0 and can_share(p)) for mb in kept for p in mb]
+                       + [float(can_share(f)) for f in old_forwards] + [0.0] * (max_old - len(old_forwards)))
     mine = ([float(lengths[mb].sum()) for mb in minibatch_rows] + [float(len(p)) for mb in kept for p in mb]
-            + [float(len(old_forwards))] + piece_share + old_local)
+            + [float(len(old_forwards))] + share_slots)
     every = gather(torch.tensor(mine, dtype=torch.float64)).view(-1, len(mine))  # (world, k)
     world = every.shape[0]
     total = every.sum(0).tolist()
     M = len(minibatch_rows)
     mb_tokens, anywhere = total[:M], total[M:M + n_pieces]
     n_old = int(every[:, M + n_pieces].max())
-    decided = every.min(0).values.tolist() if share_together else mine  # FSDP2: share only where all do
-    piece_share, old_share = decided[M + n_pieces + 1:M + 2 * n_pieces + 1], decided[M + 2 * n_pieces + 1:]
+    if can_share is None:
+        piece_share, old_share = [None] * n_pieces, [None] * n_old
+    else:
+        decided = [bool(x) for x in (every.min(0).values.tolist() if share_together else mine)]  # FSDP2: all or none
+        piece_share, old_share = decided[M + n_pieces + 1:M + 2 * n_pieces + 1], decided[M + 2 * n_pieces + 1:]
     old_forwards += [None] * (n_old - len(old_forwards))
 
     out, j = [], 0
@@ -120,7 +125,7 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
             n_any, j = anywhere[j], j + 1
             if n_any == 0:
                 continue  # no process runs it: every process drops it
-            together = bool(piece_share[j - 1])
+            together = piece_share[j - 1]
             if len(rows) == 0:
                 micro.append(Micro(piece[:1], 0.0, 0, True, together))
                 continue
@@ -128,7 +133,7 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
             weight = tokens / max(mb_tokens[k], 1) * world if token_mean else len(rows) / len(mb)
             micro.append(Micro(rows, weight, tokens, False, together))
         out.append(Minibatch(mb, micro, len(mb) * world))
-    return Plan(out, old_forwards, live, [bool(x) for x in old_share[:n_old]])
+    return Plan(out, old_forwards, live, old_share[:n_old])
 
 
 def any_process(flag: float, all_reduce) -> float:
