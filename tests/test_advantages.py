@@ -8,15 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gspo import algo
-from gspo.config import AlgoConfig
+from algo_defaults import group_advantages
 
 F64 = torch.float64
-
-
-def group_advantages(rewards, group_size, **kw):
-    """gspo.algo.group_advantages with gspo's defaults (AlgoConfig's) where a test leaves them out."""
-    return algo.group_advantages(rewards, group_size, **{"scale": AlgoConfig.adv_scale, "eps": AlgoConfig.adv_eps, **kw})
 
 
 # --------------------------------------------------------------------------------------------
