@@ -271,3 +271,25 @@ def test_an_unknown_reward_file_or_module_is_one_error_naming_the_entry(tmp_path
         err = capsys.readouterr().err
         assert "rewards.functions[1].name" in err and name.split(":")[0] in err, err
         assert not (tmp_path / "bad" / "config.yaml").exists()  # stopped before any model loaded
+
+
+def test_the_gspo_console_script_finds_a_reward_file_in_the_working_directory(tmp_path, saved):
+    """As a user runs it: the `gspo` console script (whose sys.path holds its bin folder, not the
+    working directory, unlike `python -m`), from the folder that holds my_rewards.py."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "gspo"
+    if not script.exists():
+        pytest.skip("no gspo console script beside this interpreter")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_rewards.py").write_text(RECORDER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["GSPO_TEST_COLUMNS"] = str(tmp_path / "cols.jsonl")
+    p = subprocess.run([str(script), "train", f"model.name_or_path={saved('qwen3')}", *SMALL, "eval.enabled=false",
+                        f"output.dir={tmp_path}", "output.name=run", 'rewards.functions=[{name: "my_rewards:record"}]'],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(_columns_seen(tmp_path / "cols.jsonl")) == 1 and records(tmp_path / "run")[0]["reward/record/mean"] >= 0
