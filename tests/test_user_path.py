@@ -243,8 +243,10 @@ def test_reward_files_beside_the_config_and_by_path(tmp_path, saved, monkeypatch
     work.mkdir()
     (conf_dir / "beside.py").write_text(RECORDER)
     (conf_dir / "lib" / "by_path.py").write_text(RECORDER.replace("def record", "def score"))
+    write_plain_jsonl(conf_dir / "data.jsonl", n=8)
     cfg_file = conf_dir / "run.yaml"
     cfg_file.write_text(textwrap.dedent("""
+        data: {source: data.jsonl}
         rewards:
           functions:
             - {name: "beside:record", weight: 0.5}
@@ -255,6 +257,7 @@ def test_reward_files_beside_the_config_and_by_path(tmp_path, saved, monkeypatch
     cfg = load_config(cfg_file, [])
     assert [f.name for f in cfg.rewards.functions] == [f"{(conf_dir / 'beside.py').resolve()}:record",
                                                        f"{(conf_dir / 'lib' / 'by_path.py').resolve()}:score"]
+    assert cfg.data.source == str((conf_dir / "data.jsonl").resolve())  # data beside the config too
     rc = main(["train", str(cfg_file), f"model.name_or_path={saved('qwen3')}", *SMALL, "eval.enabled=false",
                f"output.dir={tmp_path}", "output.name=run"])
     assert rc == 0

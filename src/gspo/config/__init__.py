@@ -63,11 +63,25 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     except OmegaConfBaseException as e:
         raise ConfigError(_friendly(e)) from None
     if path is not None:
+        here = Path(path).resolve().parent
         for f in cfg.rewards.functions:
-            f.name = anchor_import_path(f.name, Path(path).resolve().parent)
+            f.name = anchor_import_path(f.name, here)
+        cfg.data.source = anchor_file_path(cfg.data.source, here)
+        if cfg.data.eval_source:
+            cfg.data.eval_source = anchor_file_path(cfg.data.eval_source, here)
     fill_clip(cfg)
     validate(cfg)
     return cfg
+
+
+def anchor_file_path(value: str, config_dir: Path) -> str:
+    """A relative data path of a config file: kept when it exists from the working directory (or
+    names nothing on disk, e.g. a built-in task), made absolute when it exists beside the config
+    file instead, as reward files are (`anchor_import_path`)."""
+    p = Path(value).expanduser()
+    if p.is_absolute() or p.exists() or not (config_dir / p).exists():
+        return value
+    return str((config_dir / p).resolve())
 
 
 def anchor_import_path(name: str, config_dir: Path) -> str:
