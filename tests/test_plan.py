@@ -89,15 +89,13 @@ def test_under_fsdp_a_forward_shares_its_prompts_only_where_every_process_can():
     ranks = [_rank([2] * 8), _rank([2] * 8)]
     sent = []
     for r, can in enumerate((lambda rows: True, lambda rows: 4 in rows.tolist())):
-        build_plan(**ranks[r], **kw, gather=lambda v: sent.append(v) or v[None], can_share=can, share_together=True)
+        build_plan(**ranks[r], **kw, gather=lambda v: sent.append(v) or v[None], can_share=can)
     every = torch.stack(sent)
-    plans = [build_plan(**ranks[r], **kw, gather=lambda v: every.flatten(), can_share=can, share_together=together)
-             for r, can in enumerate((lambda rows: True, lambda rows: 4 in rows.tolist())) for together in (True,)]
+    plans = [build_plan(**ranks[r], **kw, gather=lambda v: every.flatten(), can_share=can)
+             for r, can in enumerate((lambda rows: True, lambda rows: 4 in rows.tolist()))]
     for p in plans:  # the same decision on both processes, forward by forward
         assert [m.share for mb in p.minibatches for m in mb.micro] == [False, False, True, False]
         assert p.old_share == [True, False]
-    # DDP (not together): each process decides for itself
+    # one process, DDP: no can_share, so each forward decides for itself
     (alone,) = _plans([ranks[0]], **kw)
-    assert not any(m.share for mb in alone.minibatches for m in mb.micro)  # (no can_share: never)
-    own = build_plan(**ranks[1], **kw, gather=lambda v: every.flatten(), can_share=lambda rows: 4 in rows.tolist())
-    assert [m.share for mb in own.minibatches for m in mb.micro] == [False, False, True, False]
+    assert all(m.share is None for mb in alone.minibatches for m in mb.micro) and alone.old_share == [None, None]

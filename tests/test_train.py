@@ -201,7 +201,7 @@ def _plan(run, rollout, adv, state, old_rows=None):
     from gspo.train import make_plan
 
     plan = make_plan(run, rollout, adv, state)
-    return plan if old_rows is None else dataclasses.replace(plan, old_forwards=[old_rows])
+    return plan if old_rows is None else dataclasses.replace(plan, old_forwards=[old_rows], old_share=[None])
 
 
 def _update(run, rollout, old_logp, adv, state, plan):

@@ -84,6 +84,11 @@ def anchor_file_path(value: str, config_dir: Path) -> str:
     return str((config_dir / p).resolve())
 
 
+def module_in(folder: Path, top: str) -> bool:
+    """Whether `folder` holds the top-level module `top` (a file or a package)."""
+    return (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()
+
+
 def anchor_import_path(name: str, config_dir: Path) -> str:
     """An import path of a config file made independent of the working directory.
 
@@ -106,8 +111,7 @@ def anchor_import_path(name: str, config_dir: Path) -> str:
     import importlib.util
 
     top = module.split(".")[0]
-    local = lambda d: (d / f"{top}.py").is_file() or (d / top / "__init__.py").is_file()  # noqa: E731
-    if local(Path.cwd()) or not local(config_dir) or importlib.util.find_spec(top) is not None:
+    if module_in(Path.cwd(), top) or not module_in(config_dir, top) or importlib.util.find_spec(top) is not None:
         return name
     rel = Path(*module.split("."))
     target = config_dir / rel.with_suffix(".py")

@@ -146,6 +146,23 @@ def eval_mode(model):
             m.training = training
 
 
+@contextmanager
+def generation_mode(model):
+    """What sampling and greedy evaluation run under: every module in eval mode (`eval_mode`)
+    and a clean generation config, since transformers fills every field a `generate` call
+    leaves unset from the checkpoint's own (a shipped repetition penalty, Qwen's 1.05, or a
+    no-repeat n-gram size would act). Both are restored after the block."""
+    from transformers import GenerationConfig
+
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig()
+    try:
+        with eval_mode(model):
+            yield model
+    finally:
+        model.generation_config = saved
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a completion: the generation config's EOS (an int or a list) and the
     tokenizer's ``eos_token_id``, deduplicated in that order."""

@@ -187,7 +187,27 @@ class TensorBoard:
         self.writer.close()
 
 
-class WandB:
+class _RunLogger:
+    """W&B and trackio share one client shape: `run.log(values, step=)`, a `Table(columns, data)`
+    in the package named by `package`, `run.finish()`."""
+
+    package = ""
+    run = None
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def table(self, step: int, columns: list[str], data: list[list]) -> None:
+        import importlib
+
+        table = importlib.import_module(self.package).Table(columns=columns, data=data)
+        self.run.log({"completions": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class WandB(_RunLogger):
     """A W&B run under runs/NAME/wandb: offline (upload with `wandb sync`) unless an API key is
     set (WANDB_API_KEY, or `wandb login`'s netrc entry) or WANDB_MODE says otherwise; the
     completions as a Table, the config as the run's config."""
@@ -206,16 +226,6 @@ class WandB:
         self.held = self.run.step - 1 if self.run.resumed else held
         self.state = {"id": run_id}
 
-    def log(self, step: int, values: dict[str, float]) -> None:
-        self.run.log(values, step=step)
-
-    def table(self, step: int, columns: list[str], data: list[list]) -> None:
-        import wandb
-
-        self.run.log({"completions": wandb.Table(columns=columns, data=data)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 def _wandb_logged_in() -> bool:
@@ -268,7 +278,7 @@ def _leveldb_log_records(data: bytes):
             yield b"".join(parts)
 
 
-class Trackio:
+class Trackio(_RunLogger):
     """A trackio run in trackio's own local store (TRACKIO_DIR, by default
     ~/.cache/huggingface/trackio; `trackio show` opens it), project `logging.project`, named
     output.name; the completions as a trackio Table. Its CPU / GPU monitors stay off: it logs
@@ -291,16 +301,6 @@ class Trackio:
                               f"{name} than this one ({saved['id']}); resume cannot reattach to it")
         self.state = {"project": project, "id": self.run.id}
 
-    def log(self, step: int, values: dict[str, float]) -> None:
-        self.run.log(values, step=step)
-
-    def table(self, step: int, columns: list[str], data: list[list]) -> None:
-        import trackio
-
-        self.run.log({"completions": trackio.Table(columns=columns, data=data)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 class MLflow:

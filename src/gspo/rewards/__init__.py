@@ -33,6 +33,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gspo.config import module_in
 from gspo.rewards.errors import RewardConfigError, RewardError  # noqa: F401  (re-exported)
 from gspo.rewards.builtins import (  # noqa: F401  (re-exported)
     BUILTIN_REWARDS, DEFAULT_FORMAT_PATTERN, completion_text, exact_answer, format_reward,
@@ -73,14 +74,10 @@ def _import_module(name: str):
     except ModuleNotFoundError as e:
         top = name.split(".")[0]
         cwd = os.getcwd()
-        if e.name != top or cwd in sys.path or not _is_module_in(Path(cwd), top):
+        if e.name != top or cwd in sys.path or not module_in(Path(cwd), top):
             raise
     sys.path.append(cwd)  # appended: an installed module of the same name still wins
     return importlib.import_module(name)
-
-
-def _is_module_in(folder: Path, top: str) -> bool:
-    return (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()
 
 
 def _import_file(path: Path):

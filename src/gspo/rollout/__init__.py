@@ -21,7 +21,7 @@ import torch
 from gspo.config import RolloutConfig
 from gspo.data import encode_texts
 from gspo.models import eos_token_ids as model_eos_ids
-from gspo.models import eval_mode
+from gspo.models import generation_mode
 from gspo.rollout.sampling import check_sampling, sample_tokens
 
 
@@ -317,8 +317,8 @@ class HFGenerator:
     - `decode` is ~1.4x faster than generate on a CPU at equal work (bench: docs/benchmarks.md)
       and skips finished rows; ``engine="hf"`` is there for architectures whose cache or
       forward needs generate's own preparation.
-    - Every module is in eval mode while sampling (`gspo.models.eval_mode`), and each module's
-      own mode is restored after.
+    - Every module is in eval mode while sampling, with a clean generation config
+      (`gspo.models.generation_mode`); both are restored after.
     """
 
     def __init__(
@@ -386,32 +386,23 @@ class HFGenerator:
         logp = recorder.finish(sequences[:, -1])  # (B, T_gen)
         return completion, logp
 
-
     def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None,
                     offset: int = 0):
-        """All N rows in chunks of `batch_size`, the model in eval mode and with a clean
-        generation config (transformers would otherwise fill our unset fields from it)."""
-        from transformers import GenerationConfig
-
+        """All N rows in chunks of `batch_size`, under `gspo.models.generation_mode`."""
         n = prompt_ids.shape[0]
         step = self.batch_size or n
-        saved_gc = self.model.generation_config
-        self.model.generation_config = GenerationConfig()
         chunks = []
-        try:
-            with eval_mode(self.model):
-                for start in range(0, n, step):
-                    ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
-                    first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
-                    if seed is None:
-                        chunks.append(self._sample(ids[:, first:], mask[:, first:]))
-                        continue
-                    devices = [ids.device] if ids.device.type == "cuda" else []
-                    with torch.random.fork_rng(devices=devices):
-                        torch.manual_seed(chunk_seed(seed, offset + start))
-                        chunks.append(self._sample(ids[:, first:], mask[:, first:]))
-        finally:
-            self.model.generation_config = saved_gc
+        with generation_mode(self.model):
+            for start in range(0, n, step):
+                ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
+                first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
+                if seed is None:
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+                    continue
+                devices = [ids.device] if ids.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(chunk_seed(seed, offset + start))
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
         return chunks
 
     def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,

@@ -13,7 +13,7 @@ import torch
 
 from gspo.config import EvalConfig
 from gspo.data import encode_texts, format_prompt
-from gspo.models import eos_token_ids, eval_mode
+from gspo.models import eos_token_ids, generation_mode
 from gspo.rewards import reward_columns
 from gspo.rollout import left_pad
 
@@ -22,27 +22,18 @@ from gspo.rollout import left_pad
 def greedy_completions(model, tokenizer, prompts: list[str], *, max_new_tokens: int,
                        batch_size: int = 64) -> list[str]:
     """Greedy completions of rendered prompts, tokenized as the sampler tokenizes them
-    (`gspo.data.encode_texts`), every module in eval mode: the argmax of the policy's logits at
-    every step. The checkpoint's generation config is set aside while generate runs (as in
-    `HFGenerator`): transformers fills every field a call leaves unset from it, so a shipped
-    repetition penalty (Qwen's 1.05), no-repeat n-gram size or minimum length would act."""
-    from transformers import GenerationConfig
-
+    (`gspo.data.encode_texts`), under `gspo.models.generation_mode`: the argmax of the
+    policy's logits at every step, whatever the checkpoint's generation config says."""
     dev = next(model.parameters()).device
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     out = []
-    saved_gc = model.generation_config
-    model.generation_config = GenerationConfig()
-    try:
-        with eval_mode(model):
-            for i in range(0, len(prompts), batch_size):
-                ids, mask = left_pad(encode_texts(tokenizer, prompts[i:i + batch_size]), pad, dev)
-                gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                     max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
-                out.extend(tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True))
-    finally:
-        model.generation_config = saved_gc
+    with generation_mode(model):
+        for i in range(0, len(prompts), batch_size):
+            ids, mask = left_pad(encode_texts(tokenizer, prompts[i:i + batch_size]), pad, dev)
+            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+            out.extend(tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True))
     return out
 
 

@@ -15,7 +15,6 @@ import signal as signals
 import time
 import warnings
 from dataclasses import dataclass, field
-from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -182,15 +181,15 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
     return build_plan(minibatches(run, state.rollout, n), rollout.completion_lengths, live=live_rows(run, adv),
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",
                       old_pass=run.old_logp == "trainer", old_forward_size=s.micro_batch_size or max(n // s.num_minibatches, 1),
-                      gather=d.all_gather, share_together=True,  # (under FSDP2 every decoder call gathers shards)
+                      gather=d.all_gather,  # under FSDP2 every decoder call gathers shards: agree on sharing
                       can_share=can_share if d.enabled and d.strategy == "fsdp" else None)
 
 
 def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool | None):
     """The rows `idx` of the rollout (trimmed) and their trainer log-probs (b, T_part), each
-    distinct prompt run once when the plan says `share` (None: the forward decides). On a MoE model the routers' choices
-    are recorded (`mode="capture"`, the π_old pass) or compared with the recorded ones, and
-    replayed when `algo.routing_replay` (`mode="compare"`)."""
+    distinct prompt run once when the plan says `share` (None: the forward decides). On a MoE
+    model the routers' choices are recorded (`mode="capture"`, the π_old pass) or compared with
+    the recorded ones, and replayed when `algo.routing_replay` (`mode="compare"`)."""
     part = rollout.select(idx)
     ids, mask, T = part.input_ids.to(run.device), part.attention_mask.to(run.device), part.completion_ids.shape[1]
     if run.routes is None:
@@ -211,7 +210,7 @@ def old_logprobs(run: Run, rollout: Rollout, plan: Plan) -> torch.Tensor:
     if run.old_logp == "sampler":
         return rollout.sampler_logp
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=run.device)
-    for idx, share in zip_longest(plan.old_forwards, plan.old_share):  # (no decision: the forward decides)
+    for idx, share in zip(plan.old_forwards, plan.old_share):
         if idx is None:  # placeholder: row 0 at the current weights (its π_old), result unused
             trainer_logprobs(run, rollout, torch.zeros(1, dtype=torch.long), "capture", share)
             continue

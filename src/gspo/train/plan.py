@@ -71,7 +71,7 @@ Gather = Callable[[torch.Tensor], torch.Tensor]  # (k,) float64 -> (world_size, 
 
 def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, live: torch.Tensor | None,
                micro_size: int, token_mean: bool, old_pass: bool, old_forward_size: int,
-               gather: Gather, can_share=None, share_together: bool = False) -> Plan:
+               gather: Gather, can_share=None) -> Plan:
     """The plan of one rollout on this process.
 
     `minibatch_rows` are the local rows of each optimizer step (`gspo.train.minibatches`);
@@ -81,9 +81,9 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     step, is π_old), sorted by length so each forward trims more padding, `old_forward_size`
     rows a forward. `gather` is `Dist.all_gather` (or the identity with a leading dim).
     `can_share(rows) -> bool` says whether the forward over `rows` would run each distinct
-    prompt once (`gspo.models.logprobs.can_share_prompt`); with `share_together` (FSDP2) a
-    forward shares only if it does on every process. Without `can_share` the plan leaves the
-    decision to each forward (None), which costs nothing where the processes need not agree."""
+    prompt once (`gspo.models.logprobs.can_share_prompt`); given it (FSDP2), a forward shares
+    only if it does on every process. Without it the plan leaves the decision to each forward
+    (None), which costs nothing where the processes need not agree."""
     lengths = lengths.cpu()
     pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in minibatch_rows]
     kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
@@ -114,7 +114,7 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     if can_share is None:
         piece_share, old_share = [None] * n_pieces, [None] * n_old
     else:
-        decided = [bool(x) for x in (every.min(0).values.tolist() if share_together else mine)]  # FSDP2: all or none
+        decided = [bool(x) for x in every.min(0).values.tolist()]  # all processes share, or none
         piece_share, old_share = decided[M + n_pieces + 1:M + 2 * n_pieces + 1], decided[M + 2 * n_pieces + 1:]
     old_forwards += [None] * (n_old - len(old_forwards))
 
