@@ -3,12 +3,20 @@
 Paper: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071 (v2).
 
     group_advantages    Eq. 6, group-normalised advantages (or mean-only, Dr. GRPO)
-    sequence_log_ratio  log s_i of Eq. 7: masked mean of the token log-ratios
+    sequence_log_ratio  log s_i of Eq. 7: masked MEAN of the token log-ratios (GSPO's
+                        length-normalised ratio, a geometric mean)
+    sequence_log_ratio_sum  masked SUM of the token log-ratios: log of the full product
+                        prod_t w_t, the sequence importance ratio (NOT GSPO's s_i)
     policy_loss         level="sequence"        GSPO, Eq. 5-7 (gspo's default)
                         level="sequence_token"  GSPO-token, Eq. 13-17 (per-token advantages)
                         level="token"           GRPO baseline (token ratios), with three
                                                 aggregations
+                        weights=  an optional per-token weight, e.g. from mismatch_weights
     validate_algo       the argument checks of policy_loss, for start-up validation
+    mismatch_weights    train/inference mismatch corrections: importance weights
+                        pi_trainer(theta_old) / pi_sampler, truncated (TIS) or masked (MIS,
+                        IcePop) per token, per sequence (full product) or per geometric mean
+    validate_mismatch   the argument checks of mismatch_weights, for start-up validation
 
 Conventions. `logp`, `old_logp` and `mask` are (B, T): log-probabilities of the sampled
 response tokens under pi_theta and pi_old, and which positions are response tokens (nonzero =
@@ -34,6 +42,13 @@ import torch
 
 LEVELS = ("sequence", "sequence_token", "token")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+MISMATCH_METHODS = ("none", "tis", "mis")
+MISMATCH_LEVELS = ("token", "sequence", "geometric")
+# metrics of mismatch_weights: means, fractions, max and min over its units (valid tokens at
+# mismatch level "token", non-empty sequences at "sequence" and "geometric")
+MISMATCH_METRICS = ("mismatch_is/weight_mean", "mismatch_is/truncated_frac",
+                    "mismatch_is/masked_frac", "mismatch_is/weight_max", "mismatch_is/weight_min")
+
 
 def _check_number(name: str, value, *, low: float, high: float | None = None,
                   allow_inf: bool = False) -> float:
@@ -83,10 +98,34 @@ def validate_algo(level: str, eps_low: float, eps_high: float, aggregation: str 
     elif max_len is not None:
         raise ValueError(f"max_len is only used by aggregation='seq-mean-token-sum-norm', but "
                          f"aggregation is {aggregation!r}; leave max_len=None")
-    _check_number("max_log_ratio", max_log_ratio, low=0.0)
+    _check_max_log_ratio(max_log_ratio)
+    return eps_low, eps_high, aggregation
+
+
+def _check_max_log_ratio(max_log_ratio) -> float:
+    max_log_ratio = _check_number("max_log_ratio", max_log_ratio, low=0.0)
     if max_log_ratio == 0:
         raise ValueError("max_log_ratio must be > 0, got 0")
-    return eps_low, eps_high, aggregation
+    return max_log_ratio
+
+
+def validate_mismatch(method: str, level: str, cap: float, floor: float) -> None:
+    """Check the non-tensor arguments of `mismatch_weights` (config names mismatch_correction,
+    mismatch_level, mismatch_cap, mismatch_floor). Raises ValueError naming the bad argument.
+
+    Rules: method in MISMATCH_METHODS, level in MISMATCH_LEVELS; cap finite and > 1 for every
+    method (a cap <= 1 would truncate or mask the on-policy weight 1 itself); with "mis" also
+    0 <= floor < 1. floor is ignored by "tis" (which only truncates from above) and "none".
+    """
+    if method not in MISMATCH_METHODS:
+        raise ValueError(f"mismatch_correction must be one of {MISMATCH_METHODS}, got {method!r}")
+    if level not in MISMATCH_LEVELS:
+        raise ValueError(f"mismatch_level must be one of {MISMATCH_LEVELS}, got {level!r}")
+    cap = _check_number("mismatch_cap", cap, low=-math.inf)
+    if cap <= 1:
+        raise ValueError(f"mismatch_cap must be > 1, got {cap!r}")
+    if method == "mis":
+        _check_number("mismatch_floor", floor, low=0.0, high=1.0)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str,
@@ -151,24 +190,31 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str,
     return adv.reshape(-1).to(out_dtype), stats
 
 
-def _check_tensors(logp, old_logp, mask):
+def _check_tensors(logp, old_logp, mask, names=("logp", "old_logp", "mask")):
+    """Shape and dtype checks of two (B, T) log-prob tensors and their mask, whose argument
+    names are `names`; returns the mask as bool."""
+    n_lp, n_old, n_mask = names
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
-        raise ValueError(f"logp must be a 2-D tensor (B, T), got "
+        raise ValueError(f"{n_lp} must be a 2-D tensor (B, T), got "
                          f"{getattr(logp, 'shape', type(logp).__name__)}")
     if logp.shape[0] == 0:
-        raise ValueError("logp must hold at least one sequence (B >= 1), got B = 0")
-    for name, t in (("old_logp", old_logp), ("mask", mask)):
+        raise ValueError(f"{n_lp} must hold at least one sequence (B >= 1), got B = 0")
+    for name, t in ((n_old, old_logp), (n_mask, mask)):
         if not isinstance(t, torch.Tensor) or t.shape != logp.shape:
-            raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}, got "
+            raise ValueError(f"{name} must have the shape of {n_lp} {tuple(logp.shape)}, got "
                              f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
     if not logp.is_floating_point() or not old_logp.is_floating_point():
-        raise ValueError("logp and old_logp must be floating-point tensors")
+        raise ValueError(f"{n_lp} and {n_old} must be floating-point tensors")
     return mask if mask.dtype == torch.bool else mask != 0
 
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor,
                        mask: torch.Tensor) -> torch.Tensor:
     """log s_i of paper Eq. 7: (1/|y_i|) sum_t (logp_it - old_logp_it) over valid tokens.
+
+    This is GSPO's length-normalised ratio: s_i is the GEOMETRIC MEAN of the token ratios. It
+    is not the sequence importance ratio prod_t w_t (whose log is the SUM, see
+    `sequence_log_ratio_sum`); the two agree only on one-token responses.
 
     (B, T) -> (B,). |y_i| is clamped to >= 1, so an empty response has log-ratio 0. Masked
     positions are excluded with torch.where (not a multiply), so garbage there, even inf or
@@ -177,6 +223,36 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor,
     mask = _check_tensors(logp, old_logp, mask)
     tok = torch.where(mask, logp - old_logp, 0.0)  # (B, T)
     return tok.sum(-1) / torch.count_nonzero(mask, dim=-1).clamp(min=1).to(tok.dtype)  # (B,)
+
+
+def sequence_log_ratio_sum(logp: torch.Tensor, old_logp: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """The sequence importance ratio's log, NOT GSPO's s_i: sum_t (logp_it - old_logp_it).
+
+    exp of it is the full product prod_t w_t = pi(y_i | x) / pi_old(y_i | x), the likelihood
+    ratio of the whole response, which grows or shrinks exponentially with |y_i|. GSPO's
+    log s_i (`sequence_log_ratio`) is this divided by |y_i|.
+
+    (B, T) -> (B,). An empty response has log-ratio 0. Garbage at masked positions is
+    excluded with torch.where, as in `sequence_log_ratio`. Not clamped.
+    """
+    mask = _check_tensors(logp, old_logp, mask)
+    return torch.where(mask, logp - old_logp, 0.0).sum(-1)  # (B,)
+
+
+def _check_weights(weights, mask: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """The `weights` of policy_loss, detached, in dtype dt, with 0 at masked positions (where
+    anything, even NaN, is allowed). Raises ValueError unless finite and >= 0 where valid."""
+    if not isinstance(weights, torch.Tensor) or weights.shape != mask.shape:
+        raise ValueError(f"weights must be None or a tensor of the shape of logp "
+                         f"{tuple(mask.shape)}, got "
+                         f"{tuple(getattr(weights, 'shape', ())) or type(weights).__name__}")
+    w = weights.detach().to(dt)
+    bad = mask & ~(torch.isfinite(w) & (w >= 0))  # NaN fails w >= 0 too
+    if bad.any():
+        raise ValueError(f"weights must be finite and >= 0 at valid positions (mask != 0); "
+                         f"{int(torch.count_nonzero(bad))} are not")
+    return torch.where(mask, w, 0.0)
 
 
 def _clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float,
@@ -188,7 +264,8 @@ def _clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float,
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, level: str, eps_low: float, eps_high: float,
                 aggregation: str | None = None, max_log_ratio: float,
-                max_len: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                max_len: int | None = None,
+                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss (to minimise, = -J) and float metrics.
 
     Args:
@@ -212,7 +289,22 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             "seq-mean-token-sum-norm" (Dr. GRPO) mean_i (1/max_len) sum_t; needs `max_len`.
         max_log_ratio: log-ratios are clamped to +-this before exp(); beyond it the ratio is a
             constant with zero gradient (at both sequence levels alike).
-
+        weights: None (every weight 1: exactly the unweighted loss, bit for bit) or a (B, T)
+            multiplicative weight per token, a constant of the objective (detached), e.g. the
+            train/inference mismatch correction of `mismatch_weights`. It must be finite and
+            >= 0 at valid positions; masked positions are never read. It enters as:
+              "token", "sequence_token": each token's clipped term is multiplied by its weight
+                  before aggregation, J = mean_i (1/|y_i|) sum_t weights_it * obj_it (likewise
+                  for the other token aggregations); TIS as in Yao et al. 2025.
+              "sequence": the sequence's term is multiplied by the masked mean of its row's
+                  weights, (1/|y_i|) sum_t weights_it; for a sequence weight W_i broadcast over
+                  the row that is exactly W_i. With sequence weights broadcast, "sequence_token"
+                  and "sequence" therefore still agree (value and gradient).
+            Masking tokens or sequences (MIS, IcePop) is not a weight: pass `mask & keep` as
+            `mask`, and the dropped tokens leave the ratio s_i, |y_i| and the loss. A sequence
+            with no token left adds 0 but still counts in the mean over sequences (as an empty
+            response does). The metrics do not depend on the weights (but "loss" is the
+            returned, weighted value).
     Metrics (python floats, under no_grad). A token counts as clipped when the clip removes
     its gradient: A > 0 and ratio > 1 + eps_high ("high"), or A < 0 and ratio < 1 - eps_low
     ("low"); the ratio is s_i at the sequence levels and w_it at the token level. So at level
@@ -239,6 +331,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     dt = torch.promote_types(torch.promote_types(logp.dtype, old_logp.dtype), torch.float32)
     logp, old_logp = logp.to(dt), old_logp.to(dt)
     adv = advantages.detach().to(dt)  # (B,) or (B, T)
+    w = None if weights is None else _check_weights(weights, mask, dt)  # (B, T), 0 if masked
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     lengths = torch.count_nonzero(mask, dim=-1)  # (B,) |y_i|
     len_f = lengths.clamp(min=1).to(dt)  # (B,) max(|y_i|, 1)
@@ -251,6 +344,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     if level == "sequence":
         obj = _clipped_objective(seq_ratio, adv, lo, hi)  # (B,)
+        if w is not None:  # masked mean of the row's weights (W_i for a broadcast W_i)
+            obj = obj * (w.sum(-1) / len_f)
         loss = -torch.where(nonempty, obj, 0.0).mean()
         clip_ratio = seq_ratio  # (B,)
     elif level == "sequence_token":
@@ -263,12 +358,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         ratio_tok = (seq_lr.detach()[:, None] + live).exp()  # (B, T) s_it
         adv_tok = adv[:, None] if adv.dim() == 1 else torch.where(mask, adv, 0.0)  # (B, 1|T)
         obj = torch.where(mask, _clipped_objective(ratio_tok, adv_tok, lo, hi), 0.0)  # (B, T)
+        obj = obj if w is None else obj * w  # w is 0 at masked positions
         loss = -(obj.sum(-1) / len_f).mean()
         clip_ratio = seq_ratio  # (B,) equals s_it in value, exactly (live is 0)
     else:
         ratio_tok = tok_lr.clamp(-max_log_ratio, max_log_ratio).exp()  # (B, T) w_it
         adv_tok = adv[:, None] if adv.dim() == 1 else torch.where(mask, adv, 0.0)  # (B, 1|T)
         obj = torch.where(mask, _clipped_objective(ratio_tok, adv_tok, lo, hi), 0.0)  # (B, T)
+        obj = obj if w is None else obj * w  # w is 0 at masked positions
         if aggregation == "seq-mean-token-mean":
             loss = -(obj.sum(-1) / len_f).mean()
         elif aggregation == "token-mean":
@@ -328,3 +425,80 @@ def _metrics(loss, ratio, adv, tok_lr, seq_ratio, mask, lengths, max_log_ratio, 
         lengths.sum().double() / lengths.numel(),
     )]).tolist()  # one device sync for all metrics
     return dict(zip(("loss", *ROW_METRICS), values))
+
+
+@torch.no_grad()
+def mismatch_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, *,
+                     method: str, level: str, cap: float, floor: float, max_log_ratio: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Train/inference mismatch correction: importance weights w = pi_trainer(theta_old) /
+    pi_sampler, for the `weights` and `mask` of `policy_loss`.
+
+    old_logp: (B, T) the trainer's log-probs under the old weights; sampler_logp: (B, T) the
+    sampler's (e.g. vLLM's) log-probs of the same tokens; mask as in the module docstring
+    (garbage at masked positions, even inf or NaN, is never read; valid positions must be
+    finite, else ValueError). Per valid token
+    log w_t = old_logp_t - sampler_logp_t, and the weight at `level` is
+        "token":     w_t = exp(clamp(log w_t))                 per token
+        "sequence":  W_i = exp(clamp(sum_t log w_t))           the FULL product prod_t w_t,
+                     the sequence importance ratio (`sequence_log_ratio_sum`), broadcast
+        "geometric": W_i = exp(clamp((1/|y_i|) sum_t log w_t)) the geometric mean, GSPO-style
+                     length normalisation (`sequence_log_ratio`), broadcast
+    with clamp to +-max_log_ratio as in the loss. `method`:
+        "none": weights 1, keep = mask.
+        "tis":  truncated IS (Yao et al. 2025): weights = min(w, cap), keep = mask.
+        "mis":  masked IS: weights 1, keep = mask & (floor <= w <= cap): out-of-range tokens,
+                or every token of an out-of-range sequence, leave the loss. At level "token"
+                with floor 0.5, cap 5 this is IcePop's token masking (values as reported).
+
+    Returns (weights (B, T) float, 1 at masked positions; keep (B, T) bool; metrics), all
+    detached; pass `weights=weights, mask=keep` to policy_loss. Float metrics (MISMATCH_METRICS)
+    over the level's units, valid tokens or non-empty sequences: weight_mean / weight_max /
+    weight_min of the UNtruncated w, truncated_frac (w > cap, "tis" only, else 0), masked_frac
+    (outside [floor, cap], "mis" only, else 0). With no unit: mean, max and min are 1.
+    """
+    validate_mismatch(method, level, cap, floor)
+    max_log_ratio = _check_max_log_ratio(max_log_ratio)
+    mask = _check_tensors(old_logp, sampler_logp, mask, ("old_logp", "sampler_logp", "mask"))
+    dt = torch.promote_types(torch.promote_types(old_logp.dtype, sampler_logp.dtype),
+                             torch.float32)
+    tok_lr = torch.where(mask, old_logp.to(dt) - sampler_logp.to(dt), 0.0)  # (B, T) log w_t
+    if not torch.isfinite(tok_lr).all():  # else the sums below could be inf - inf = NaN
+        raise ValueError("old_logp and sampler_logp must be finite at valid positions "
+                         "(mask != 0)")
+    lengths = torch.count_nonzero(mask, dim=-1)  # (B,)
+    if level == "token":
+        log_w, valid = tok_lr, mask  # (B, T) per token
+    else:
+        log_w = tok_lr.sum(-1)  # (B,) log of the full product
+        if level == "geometric":
+            log_w = log_w / lengths.clamp(min=1).to(dt)  # (B,) log of the geometric mean
+        valid = lengths > 0  # (B,) non-empty sequences
+    w = log_w.clamp(-max_log_ratio, max_log_ratio).exp()  # (B, T) or (B,) untruncated
+
+    truncated = torch.zeros_like(valid)
+    outside = torch.zeros_like(valid)
+    unit_keep = torch.ones_like(valid)
+    if method == "tis":
+        truncated = valid & (w > cap)
+        unit_w = w.clamp(max=cap)
+    else:  # "none" and "mis" weight 1; "mis" masks instead
+        unit_w = torch.ones_like(w)
+        if method == "mis":
+            unit_keep = (w >= floor) & (w <= cap)
+            outside = valid & ~unit_keep
+    if level != "token":  # broadcast each sequence's unit to its tokens
+        unit_w, unit_keep = unit_w[:, None], unit_keep[:, None]
+    weights = torch.where(mask, unit_w, 1.0)  # (B, T)
+    keep = mask & unit_keep  # (B, T)
+
+    n = torch.count_nonzero(valid).clamp(min=1).double()
+    any_unit = valid.any()
+    values = torch.stack([v.double() for v in (
+        torch.where(any_unit, torch.where(valid, w, 0.0).sum() / n, 1.0),
+        torch.count_nonzero(truncated) / n,
+        torch.count_nonzero(outside) / n,
+        torch.where(any_unit, torch.where(valid, w, -math.inf).max(), 1.0),
+        torch.where(any_unit, torch.where(valid, w, math.inf).min(), 1.0),
+    )]).tolist()  # one device sync for all metrics
+    return weights, keep, dict(zip(MISMATCH_METRICS, values))

@@ -104,6 +104,14 @@ class RolloutConfig:
                         "record, no LoRA dropout; else trainer)")
     decode: str = doc("gspo", "hf backend's decode loop: gspo (own KV-cache loop, finished rows leave the batch) | "
                       "generate (transformers' generate, for architectures that need its preparation)")
+    mode: str = doc("sync", "sync (generate, then learn, in turn) | async (generator processes sample the next rollouts "
+                    "while the learner trains; docs/async.md)")
+    generators: int = doc(1, "rollout.mode=async: generator processes (started by gspo on one machine; under torchrun "
+                          "the last this many ranks)")
+    max_staleness: int = doc(1, "rollout.mode=async: rollout r is sampled by the weights after rollout r-K (K = this; "
+                             "0 = on-policy, the same parameters as sync mode)")
+    generator_timeout_s: float = doc(600.0, "rollout.mode=async: a generator that sends nothing for this long is "
+                                     "counted as hung and the run stops (its last checkpoint intact)")
 
 
 @dataclass
@@ -145,6 +153,13 @@ class AlgoConfig:
     adv_scale: str = doc("group", "advantage scaling: group (divide by group std, Eq. 6) | none (mean only, Dr. GRPO)")
     adv_eps: float = doc(1e-6, "added to the group std")
     routing_replay: bool = doc(False, "MoE: reuse pi_old's experts in the update pass (for the GRPO baseline)")
+    mismatch_correction: str = doc("none", "train/inference mismatch correction with weight w = pi_old / pi_sampler "
+                                   "(needs rollout.old_logp=trainer): none | tis (truncate w at mismatch_cap) | mis "
+                                   "(drop what has w outside [mismatch_floor, mismatch_cap]; IcePop at token level)")
+    mismatch_level: str = doc("token", "what the correction weighs: token (w per token) | sequence (the full product of "
+                              "token weights) | geometric (their geometric mean, GSPO's normalisation)")
+    mismatch_cap: float = doc(2.0, "upper bound of the mismatch weight (TIS's C)")
+    mismatch_floor: float = doc(0.5, "mis: lower bound of the mismatch weight")
 
 
 @dataclass

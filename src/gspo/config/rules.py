@@ -74,6 +74,7 @@ def validate(cfg: Config) -> None:
            f"'{r.old_logp}' is not auto | trainer | sampler")
     _check(r.decode in ("gspo", "generate"), "rollout.decode", f"'{r.decode}' is not gspo | generate")
     _validate_vllm(cfg)
+    _validate_async(cfg)
     n = r.prompts_per_step * r.group_size
     _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
     _check(n % s.num_minibatches == 0, "schedule.num_minibatches",
@@ -108,6 +109,13 @@ def validate(cfg: Config) -> None:
            f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
     _check(not (a.routing_replay and r.old_logp == "sampler"), "algo.routing_replay",
            "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer")
+    try:
+        algo.validate_mismatch(a.mismatch_correction, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
+    except ValueError as e:
+        raise ConfigError(f"config field 'algo': {e}") from None
+    _check(a.mismatch_correction == "none" or r.old_logp == "trainer", "algo.mismatch_correction",
+           "weighs by pi_old / pi_sampler, which needs both: set rollout.old_logp=trainer (with the sampler's "
+           "log-probs as pi_old the weight is 1 and GSPO's clip is the correction, paper section 5.4)")
     rw = cfg.rewards
     _check(rw.on_error in ("raise", "skip", "zero"), "rewards.on_error", f"'{rw.on_error}' is not raise | skip | zero")
     _check(rw.timeout_s > 0, "rewards.timeout_s", "must be > 0")
@@ -129,6 +137,22 @@ def validate(cfg: Config) -> None:
     _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
     _check(cfg.threads >= 0, "threads", "must be >= 0")
     _check(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain directory name")
+
+
+def _validate_async(cfg: Config) -> None:
+    """rollout.mode and the settings of async mode (`gspo.train.async_mode`)."""
+    r = cfg.rollout
+    _check(r.mode in ("sync", "async"), "rollout.mode", f"'{r.mode}' is not sync | async")
+    _check(r.max_staleness >= 0, "rollout.max_staleness", f"must be >= 0 (got {r.max_staleness})")
+    _check(r.generators >= 1, "rollout.generators", f"must be >= 1 (got {r.generators})")
+    _check(r.generator_timeout_s > 0, "rollout.generator_timeout_s", "must be > 0")
+    if r.mode != "async":
+        return
+    _check(r.backend == "hf", "rollout.backend",
+           f"'{r.backend}' cannot run as an async generator yet: async mode samples with the hf backend "
+           f"(gspo's decode loop or transformers' generate)")
+    _check(not cfg.algo.routing_replay or r.old_logp != "sampler", "algo.routing_replay",
+           "in async mode the routes come from the trainer's pi_old pass: set rollout.old_logp=trainer")
 
 
 def _validate_vllm(cfg: Config) -> None:

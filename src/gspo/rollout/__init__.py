@@ -44,6 +44,7 @@ class Rollout:
     prompts: list[str]  # N prompt texts, each repeated G times consecutively
     completions: list[str]  # N decoded completions, special tokens and EOS stripped
     group_ids: torch.Tensor | None = None  # (N,) long: index of the prompt each row answers
+    policy_version: torch.Tensor | None = None  # (N,) long: the weight version (rollouts learned) that sampled each row
 
     def __post_init__(self):
         if self.group_ids is None:
@@ -80,6 +81,7 @@ class Rollout:
             prompts=[self.prompts[i] for i in idx],
             completions=[self.completions[i] for i in idx],
             group_ids=self.group_ids[rows_t],
+            policy_version=None if self.policy_version is None else self.policy_version[rows_t],
         )
 
     def trim(self) -> "Rollout":
@@ -100,7 +102,10 @@ class Rollout:
     def to(self, device: torch.device | str) -> "Rollout":
         fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
                   "sampler_logp", "group_ids")  # fmt: skip
-        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields})
+        out = dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields})
+        if self.policy_version is not None:
+            out.policy_version = self.policy_version.to(device)
+        return out
 
 
 def chunk_seed(*keys: int) -> int:

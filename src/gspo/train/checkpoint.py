@@ -202,7 +202,7 @@ def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | Non
 
 def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
                     trainer_state: dict, config_text: str = "", keep_last: int = CheckpointConfig.keep_last,
-                    trainable_only: bool = False, comm=None, write_state=None) -> Path:
+                    trainable_only: bool = False, comm=None, write_state=None, write_extra=None) -> Path:
     """Atomically write ``<run_dir>/checkpoints/step-<step>/`` and point ``latest`` at it.
 
     Returns the checkpoint directory. Any failure while writing (a full disk, a permission
@@ -242,6 +242,8 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
         if comm is not None:
             comm.barrier()
         _write_state_files(tmp, step, model, optimizer, rng, trainable_only, write_state, rank)
+        if write_extra is not None and rank == 0:
+            write_extra(tmp)
         if comm is not None:
             comm.barrier()
         if rank == 0:
@@ -455,10 +457,16 @@ def save_run(run, state) -> Path:
     d, cfg = run.dist, run.cfg
     sharded = d.enabled and d.strategy == "fsdp"
     write = (lambda p: distributed.save_sharded(p, run.trainer, run.optimizer, d)) if sharded else None
+    extra = None
+    if run.remote is not None:  # async mode: the rollouts older weights sampled for the next ones
+        from gspo.train import async_mode
+
+        inflight = run.remote.inflight(state.rollout)
+        extra = lambda p: async_mode.save_inflight(p, inflight)  # noqa: E731
     return save_checkpoint(cfg.run_dir, state.step, model=run.policy, optimizer=run.optimizer,
                            scheduler=run.scheduler, trainer_state=asdict(state), config_text=to_yaml(cfg),
                            keep_last=cfg.checkpoint.keep_last, trainable_only=cfg.lora.enabled and not sharded,
-                           comm=d if d.enabled else None, write_state=write)
+                           comm=d if d.enabled else None, write_state=write, write_extra=extra)
 
 
 def restore_run(run, path: Path) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gspo import algo
-from gspo.train import checkpoint
+from gspo.train import async_mode, checkpoint
 from gspo.train import faults
 from gspo.config import Config
 from gspo.models.logprobs import can_share_prompt
@@ -73,17 +73,25 @@ def produce(run: Run, state: TrainerState) -> ScoredRollout:
     """Prompts -> B·G episodes -> rewards -> advantages. Each process samples whole groups of
     its own prompts; advantages never cross processes."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    batch = run.prompts.next_batch()                                            # B prompt rows
     t0 = time.perf_counter()
-    rollout = run.generator.generate(                                           # B·G episodes
-        [format_prompt(r["prompt"], run.tokenizer) for r in batch], G,
-        seed=chunk_seed(cfg.seed, state.rollout), offset=run.dist.rank * len(batch) * G).to(run.device)
+    if run.remote is not None:  # async mode: sampled ahead by a generator process
+        batch, rollout, times = run.remote.take(state.rollout)
+        rollout = rollout.to(run.device)
+    else:
+        batch = run.prompts.next_batch()                                        # B prompt rows
+        rollout = run.generator.generate(                                       # B·G episodes
+            [format_prompt(r["prompt"], run.tokenizer) for r in batch], G,
+            seed=chunk_seed(cfg.seed, state.rollout), offset=run.dist.rank * len(batch) * G).to(run.device)
+        rollout.policy_version = torch.full((rollout.num_samples,), state.rollout, dtype=torch.long)
+        times = {"time/generate": time.perf_counter() - t0}
     t1 = time.perf_counter()
     rewards = score(run, batch, rollout)                                        # rewards
-    t2 = time.perf_counter()
+    times["time/score"] = time.perf_counter() - t1
+    if run.remote is not None:
+        stale = (state.rollout - rollout.policy_version).double()
+        times.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max())})
     adv, adv_stats = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
-    return ScoredRollout(batch, rollout, rewards, adv.to(run.device), adv_stats,
-                         {"time/generate": t1 - t0, "time/score": t2 - t1})
+    return ScoredRollout(batch, rollout, rewards, adv.to(run.device), adv_stats, times)
 
 
 def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
@@ -324,11 +332,16 @@ class _StopRequest:
 
 def train(cfg: Config, *, run: Run | None = None) -> Path:
     """Run GSPO as configured; returns the run directory (with `final/` in HF format)."""
+    if async_mode.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
+        async_mode.serve(cfg)
+        return cfg.run_dir
     run = run or build_run(cfg)
     d, run_dir, total = run.dist, cfg.run_dir, cfg.schedule.rollouts
     state = TrainerState()
+    inflight = {}
     if run.resume_from is not None:
         state = TrainerState(**checkpoint.restore_run(run, run.resume_from))
+        inflight = async_mode.load_inflight(run.resume_from) if run.remote is not None else {}
         if state.finished:
             if d.is_main:
                 print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
@@ -342,6 +355,8 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
         if d.is_main else None  # rank 0 logs: metrics.jsonl and logging.report_to's trackers
     console = Console(total, state.rollout, enabled=cfg.logging.console and d.is_main)
     try:
+        if run.remote is not None:
+            run.remote.begin(state.rollout, inflight)  # the generators start on what the schedule needs
         with _StopRequest() as stop:
             if state.rollout == 0 and cfg.eval.enabled and sinks:
                 sinks.write({"step": 0, "rollout": 0, **evaluate_run(run)})  # the starting point
@@ -350,7 +365,11 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 scored = produce(run, state)                                    # 1. episodes, rewards
                 steps, info = learn(run, scored, state)                         # 2. π_old, updates, sync
                 state.rollout += 1
-                state.prompts = run.prompts.state_dict()
+                if run.remote is not None:  # the new weights go out at once; prompts are drawn ahead
+                    run.remote.after_update(state.rollout)
+                    state.prompts = run.remote.stream_state(state.rollout)
+                else:
+                    state.prompts = run.prompts.state_dict()
                 due = cfg.eval.every and state.rollout % cfg.eval.every == 0
                 eval_metrics = evaluate_run(run) if cfg.eval.enabled and (due or state.rollout == total) else {}
                 log_step(run, sinks, console, state, scored, steps,             # 3. log

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gspo.train import checkpoint as ckpt
-from gspo.train import distributed
+from gspo.train import async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
 from gspo.train.distributed import Dist
@@ -168,12 +168,15 @@ class Run:
     old_logp: str                     # rollout.old_logp resolved: trainer | sampler
     routes: Any = None                # gspo.models.routing.RouteTracker on a MoE model
     resume_from: Path | None = None   # the checkpoint to resume from
+    remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
 
     @property
     def device(self) -> torch.device:
         return self.dist.device
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         self.rewards.close()
         if hasattr(self.generator, "close"):  # the vllm engine's memory
             self.generator.close()
@@ -202,6 +205,8 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
     r = cfg.rollout
     if r.old_logp != "auto":
         return r.old_logp
+    if r.mode == "async":  # the sampler's, as the paper takes the engine's (section 5.4); MoE: the pass records routes
+        return "sampler" if not has_routers and not cfg.algo.routing_replay else "trainer"
     same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
                     and not cfg.model.dropout)
     return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
@@ -252,8 +257,13 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist):
 def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
-    d = distributed.init_distributed(cfg.distributed.strategy, resolve_device(cfg.model.device),
-                                     cfg.distributed.backend, cfg.distributed.timeout_s)
+    asynchronous = cfg.rollout.mode == "async"
+    if asynchronous:  # the learner is one process; its job with the generators is async_mode's
+        async_mode.check_world(cfg)
+        d = Dist(device=resolve_device(cfg.model.device))
+    else:
+        d = distributed.init_distributed(cfg.distributed.strategy, resolve_device(cfg.model.device),
+                                         cfg.distributed.backend, cfg.distributed.timeout_s)
     validate_world(cfg, d.world_size)                                    # world size
     _check_extras(cfg)                                                   # optional packages
     run_dir = cfg.run_dir
@@ -273,6 +283,7 @@ def build_run(cfg: Config) -> Run:
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list)
+    job = async_mode.start_job(cfg, d.device) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
     rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens)
@@ -313,7 +324,11 @@ def build_run(cfg: Config) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
                           num_workers=cfg.rewards.num_workers)
+    remote = None
+    if job is not None:
+        async_mode.connect(job, cfg, d.device)
+        remote = async_mode.AsyncRollouts(cfg, job, model, tok, prompts, cfg.schedule.rollouts)
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
-               resume_from=resume_from)
+               resume_from=resume_from, remote=remote)

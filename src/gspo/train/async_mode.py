@@ -1,0 +1,588 @@
+"""Async mode (`rollout.mode=async`): generator processes sample the next rollouts while the
+learner trains on the current one, in one `torch.distributed` job.
+
+Roles. Rank 0 is the learner; ranks 1..N are generators (`rollout.generators=N`). On one
+machine `gspo train` starts the N generator processes itself (`start_job`); under torchrun
+the last N ranks of the job are the generators (one learner rank: async mode does not shard
+the learner yet). Every generator builds the policy from the same config and samples with
+the hf backend's `HFGenerator`, so with the same weights and seed it draws the very tokens
+that sync mode draws.
+
+The schedule is fixed, not a race: rollout q is sampled by generator q mod N with the
+weights after rollout need(q) = max(start, q - K), K = `rollout.max_staleness`, `start` the
+rollout the run began (or resumed) at. So every rollout's staleness is known in advance
+(min(q - start, K)), a run is the same whatever the timing, K = 0 is sync mode computed on
+another process, and a generator that would be more than K versions behind waits.
+
+Messages (all over `torch.distributed`, never files):
+
+- learner -> generator, on the default (gloo) group: a command header (kind, payload bytes,
+  version) and a JSON payload: GENERATE (rollout, seed, prompts), WEIGHTS (version, tensor
+  names) or STOP. WEIGHTS is followed by the tensors themselves, sent from the learner's own
+  parameters (no copy) over the weights group (gloo on CPU, NCCL on GPU): every parameter and
+  floating buffer on the first sync, the trainable parameters after that. The learner keeps
+  its parameters untouched until those sends are done (`_finish_sends`, before the next
+  update).
+- generator -> learner: ROLLOUT, a safetensors payload (the rollout's tensors, and its texts
+  and timings as JSON in a uint8 tensor; nothing is unpickled), or ERROR with a traceback.
+
+Faults. The learner waits for any message with a deadline (`rollout.generator_timeout_s`)
+and watches its generator processes: a generator that dies or hangs stops the run with one
+`GeneratorError` naming it, and the last checkpoint stays as it was. Generators die with the
+learner: a spawned one gets SIGKILL when its parent dies (PR_SET_PDEATHSIG) and checks its
+parent every second; any generator stops when its connection to the learner breaks.
+
+Exact resume. A checkpoint after rollout c holds the rollouts already sampled for c..c+K-1
+(`inflight/`), which older weights drew; a resumed run trains on them, so a SIGKILL followed
+by `resume=auto` gives what the uninterrupted run gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gspo.config import Config, ConfigError, from_yaml_text, to_yaml
+from gspo.data import format_prompt
+from gspo.rollout import Rollout, chunk_seed
+
+GENERATE, WEIGHTS, STOP, ROLLOUT, ERROR = 1, 2, 3, 4, 5
+CMD_TAG, ROLLOUT_TAG = 11, 12
+ROLE_ENV = "GSPO_ASYNC_ROLE"  # set for the generator processes that `start_job` spawns
+INFLIGHT_DIR = "inflight"
+
+
+class GeneratorError(RuntimeError):
+    """A generator process died, hung or failed; the run stopped with its last checkpoint intact."""
+
+
+# ---------------------------------------------------------------- the job
+
+
+def is_generator_rank(cfg: Config) -> bool:
+    """Under torchrun with rollout.mode=async: is this rank one of the last `generators` ranks?"""
+    if cfg.rollout.mode != "async" or "RANK" not in os.environ or os.environ.get(ROLE_ENV):
+        return False
+    return int(os.environ["RANK"]) >= int(os.environ["WORLD_SIZE"]) - cfg.rollout.generators
+
+
+def check_world(cfg: Config) -> None:
+    """Async mode's process count, before anything starts. Under torchrun the job has one
+    learner rank and `rollout.generators` generator ranks; on one machine each generator
+    needs a core of its own besides the learner's."""
+    n = cfg.rollout.generators
+    if "WORLD_SIZE" in os.environ and not os.environ.get(ROLE_ENV):
+        world = int(os.environ["WORLD_SIZE"])
+        if n >= world:
+            raise ConfigError(f"config field 'rollout.generators': {n} generators need at least {n + 1} processes "
+                              f"(one learner), but torchrun started {world}")
+        if world - n > 1:
+            raise ConfigError(f"config field 'rollout.generators': async mode runs one learner rank; torchrun "
+                              f"started {world} processes for {n} generators (set --nproc-per-node {n + 1}, or "
+                              f"rollout.generators={world - 1})")
+        return
+    cores = os.cpu_count() or 1
+    if n > max(cores - 1, 1) and not torch.cuda.is_available():
+        raise ConfigError(f"config field 'rollout.generators': {n} generators and the learner need {n + 1} CPU "
+                          f"cores; this machine has {cores}")
+
+
+def _weights_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@dataclass
+class Job:
+    """The learner's view of the job: its size, the weights group and (one machine) the
+    generator processes it started and the store they meet at."""
+
+    world_size: int
+    procs: list = field(default_factory=list)  # subprocess.Popen, one per spawned generator
+    store: object = None
+    weights_group: object = None
+
+    def generator_ranks(self) -> list[int]:
+        return list(range(1, self.world_size))
+
+    def dead(self, rank: int) -> str | None:
+        """Why generator `rank` is gone (a spawned process that exited), else None."""
+        if not self.procs:
+            return None
+        p = self.procs[rank - 1]
+        code = p.poll()
+        if code is None:
+            return None
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"generator {rank} (pid {p.pid}) {how}"
+
+
+def start_job(cfg: Config, device: torch.device) -> Job:
+    """The learner's first step: on one machine, host the store (bound to 127.0.0.1) and start
+    the generator processes, which build their policy while the learner builds its own; under
+    torchrun every rank is there already. `connect` then forms the groups."""
+    if "RANK" in os.environ:
+        return Job(world_size=int(os.environ["WORLD_SIZE"]))
+    world = cfg.rollout.generators + 1
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=_timeout(cfg), wait_for_workers=False)
+    text = to_yaml(cfg).encode()
+    procs = []
+    for rank in range(1, world):
+        env = {**os.environ, ROLE_ENV: "generator", "GSPO_ASYNC_RANK": str(rank), "GSPO_ASYNC_WORLD": str(world),
+               "GSPO_ASYNC_PORT": str(store.port), "GSPO_ASYNC_PARENT": str(os.getpid())}
+        p = subprocess.Popen([sys.executable, "-c", "from gspo.train.async_mode import main; main()"], env=env,
+                             stdin=subprocess.PIPE)
+        p.stdin.write(text)
+        p.stdin.close()
+        procs.append(p)
+    return Job(world_size=world, procs=procs, store=store)
+
+
+def connect(job: Job, cfg: Config, device: torch.device) -> None:
+    """Form the default group (gloo: commands and rollouts) and the weights group (gloo on
+    CPU, NCCL on GPU) with every generator."""
+    timeout = _timeout(cfg)
+    if job.store is not None:
+        _init_group(job.store, 0, job.world_size, timeout, job)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    job.weights_group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
+
+
+def _init_group(store, rank: int, world: int, timeout, job: Job | None = None) -> None:
+    """init_process_group on `store`; the learner watches its children meanwhile, so that a
+    generator that fails while it loads stops the start-up at once with its own error."""
+    if job is None or not job.procs:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        return
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(
+        _try(lambda: dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout))),
+        daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.05)
+        for r in job.generator_ranks():
+            why = job.dead(r)
+            if why and t.is_alive():
+                raise GeneratorError(f"{why} while starting (its error is printed above)")
+    if done and done[0] is not None:
+        raise done[0]
+
+
+def _try(fn):
+    try:
+        fn()
+    except Exception as e:  # handed to the waiting thread
+        return e
+    return None
+
+
+def _timeout(cfg: Config):
+    import datetime
+
+    return datetime.timedelta(seconds=cfg.distributed.timeout_s)
+
+
+# ---------------------------------------------------------------- messages
+
+
+def _frame(kind: int, payload: bytes, version: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    head = torch.tensor([kind, len(payload), version], dtype=torch.int64)
+    body = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.zeros(0, dtype=torch.uint8)
+    return head, body
+
+
+def send_message(kind: int, payload: bytes, dst: int, tag: int, version: int = 0) -> None:
+    head, body = _frame(kind, payload, version)
+    dist.send(head, dst, tag=tag)
+    if len(payload):
+        dist.send(body, dst, tag=tag)
+
+
+def recv_message(src: int, tag: int) -> tuple[int, bytes, int]:
+    head = torch.zeros(3, dtype=torch.int64)
+    dist.recv(head, src, tag=tag)
+    kind, n, version = (int(x) for x in head)
+    body = torch.zeros(n, dtype=torch.uint8)
+    if n:
+        dist.recv(body, src, tag=tag)
+    return kind, body.numpy().tobytes(), version
+
+
+ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampler_logp", "group_ids")
+
+
+def encode_rollout(rollout: Rollout, meta: dict) -> bytes:
+    """A rollout as safetensors bytes: its tensors, and its texts and `meta` as JSON."""
+    from safetensors.torch import save
+
+    tensors = {k: getattr(rollout, k).detach().cpu().contiguous() for k in ROLLOUT_TENSORS}
+    text = {"finish_reason": rollout.finish_reason, "group_size": rollout.group_size, "prompts": rollout.prompts,
+            "completions": rollout.completions, "meta": meta}
+    tensors["json"] = torch.frombuffer(bytearray(json.dumps(text).encode()), dtype=torch.uint8)
+    return save(tensors)
+
+
+def decode_rollout(data: bytes) -> tuple[Rollout, dict]:
+    from safetensors.torch import load
+
+    t = load(data)
+    text = json.loads(t.pop("json").numpy().tobytes())
+    ro = Rollout(**{k: t[k] for k in ROLLOUT_TENSORS}, finish_reason=text["finish_reason"],
+                 group_size=text["group_size"], prompts=text["prompts"], completions=text["completions"])
+    return ro, text["meta"]
+
+
+def weight_tensors(model, full: bool) -> dict[str, torch.Tensor]:
+    """What a weight sync sends: every parameter and floating buffer (`full`), else the
+    trainable parameters (all others never change). The tensors themselves, not copies."""
+    out = {n: p.data for n, p in model.named_parameters() if full or p.requires_grad}
+    if full:
+        out.update({n: b for n, b in model.named_buffers() if b.is_floating_point()})
+    return out
+
+
+# ---------------------------------------------------------------- the learner's side
+
+
+@dataclass
+class _Pending:
+    """A rollout the learner has asked for: its prompt rows, the prompt stream's position
+    before they were drawn, and (once it arrived) the rollout."""
+
+    batch: list
+    stream_before: dict
+    version: int
+    rollout: Rollout | None = None
+    meta: dict = field(default_factory=dict)
+
+
+class AsyncRollouts:
+    """The learner's end of async mode: asks generators for rollouts ahead of time by the fixed
+    schedule, sends them each weight version they need, and hands `produce` the next rollout."""
+
+    def __init__(self, cfg: Config, job: Job, policy, tokenizer, prompts, total: int):
+        self.cfg, self.job, self.policy, self.prompts, self.total = cfg, job, policy, prompts, total
+        self._tokenizer = tokenizer
+        self.K, self.N = cfg.rollout.max_staleness, job.world_size - 1
+        self.pending: dict[int, _Pending] = {}
+        self.have: dict[int, int] = {}  # generator rank -> the weight version it holds
+        self.sends: list = []  # (work, tensor) of command sends (kept alive until they are read)
+        self.weight_sends: list = []  # (work, tensor) of weight sends in flight
+        self.cond = threading.Condition()
+        self.failed: dict[int, str] = {}  # generator rank -> its traceback
+        for g in job.generator_ranks():
+            threading.Thread(target=self._receive_from, args=(g,), daemon=True).start()
+        self.next_q = 0  # the next rollout to ask for
+        self.start = 0
+        self.sync_s = 0.0
+        self.sync_bytes = 0
+
+    # the schedule
+    def need(self, q: int) -> int:
+        return max(self.start, q - self.K)
+
+    def generator_of(self, q: int) -> int:
+        return 1 + q % self.N
+
+    def begin(self, start: int, inflight: dict[int, tuple[Rollout, dict]]) -> None:
+        """Start (or resume) at rollout `start` with the current weights as version `start`;
+        `inflight` holds rollouts a checkpoint saved, already sampled by older weights."""
+        self.start = self.next_q = start
+        for q in sorted(inflight):  # their prompts were drawn before the checkpoint: draw them again
+            before = copy.deepcopy(self.prompts.state_dict())
+            ro, meta = inflight[q]
+            self.pending[q] = _Pending(self.prompts.next_batch(), before, meta["version"], ro, meta)
+            self.next_q = q + 1
+        self._ask_up_to(start)
+
+    def after_update(self, version: int) -> None:
+        """The learner's weights are now version `version` (= rollouts learned): send them
+        where the schedule needs them and ask for the rollouts they sample."""
+        self._ask_up_to(version)
+
+    def _ask_up_to(self, version: int) -> None:
+        while self.next_q < self.total and self.need(self.next_q) <= version:
+            q = self.next_q
+            g, v = self.generator_of(q), self.need(q)
+            if self.have.get(g) != v:
+                self._send_weights(g, v, full=g not in self.have)
+            before = copy.deepcopy(self.prompts.state_dict())
+            batch = self.prompts.next_batch()
+            req = {"rollout": q, "version": v, "seed": chunk_seed(self.cfg.seed, q),
+                   "prompts": [format_prompt(r["prompt"], self._tokenizer) for r in batch]}
+            with self.cond:  # before the request goes out: the answer may come at once
+                self.pending[q] = _Pending(batch, before, v)
+            self._post(GENERATE, json.dumps(req).encode(), g, v)
+            self.next_q += 1
+
+    def _post(self, kind: int, payload: bytes, dst: int, version: int) -> None:
+        head, body = _frame(kind, payload, version)
+        for t in (head, body) if len(payload) else (head,):
+            self.sends.append((dist.isend(t, dst, tag=CMD_TAG), t))
+
+    def _send_weights(self, g: int, version: int, full: bool) -> None:
+        tensors = weight_tensors(self.policy, full)
+        t0 = time.perf_counter()
+        self._post(WEIGHTS, json.dumps({"version": version, "names": list(tensors)}).encode(), g, version)
+        for t in tensors.values():
+            self.weight_sends.append((dist.isend(t, g, group=self.job.weights_group), t))
+            self.sync_bytes += t.numel() * t.element_size()
+        self.have[g] = version
+        self.sync_s += time.perf_counter() - t0
+
+    def finish_sends(self) -> None:
+        """Wait until the generators hold the weights sent to them (the learner's parameters may
+        then change). Commands need no wait: their tensors are the learner's own."""
+        t0 = time.perf_counter()
+        for work, _ in self.weight_sends:
+            self._wait(lambda w=work: w.wait(), "receive its weights")
+        self.weight_sends.clear()
+        self.sync_s += time.perf_counter() - t0
+
+    def take(self, q: int) -> tuple[list, Rollout, dict]:
+        """Rollout q (waiting for it), its prompt rows and its metrics; the weight sends are
+        finished first, so the update that follows may change the parameters."""
+        p = self.pending[q]
+        t0 = time.perf_counter()
+        self._arrived(q)
+        self.finish_sends()
+        wait = time.perf_counter() - t0
+        with self.cond:
+            del self.pending[q]
+        m = p.meta
+        info = {"time/generate": m.get("generate_s", 0.0), "async/learner_idle_s": wait,
+                "async/generator_idle_s": m.get("idle_s", 0.0), "async/weight_sync_s": self.sync_s + m.get("sync_s", 0.0),
+                "async/weight_sync_bytes": float(self.sync_bytes)}
+        self.sync_s, self.sync_bytes = 0.0, 0
+        p.rollout.policy_version = torch.full((p.rollout.num_samples,), p.version, dtype=torch.long)
+        return p.batch, p.rollout, info
+
+    def _arrived(self, q: int) -> None:
+        """Wait until rollout q has come (the receiver threads fill `pending`)."""
+        if self.pending[q].rollout is None:
+            g = self.generator_of(q)
+            self._wait(lambda: self._until(lambda: self.pending[q].rollout is not None or g in self.failed),
+                       f"send rollout {q}", g)
+        g = self.generator_of(q)
+        if self.pending[q].rollout is None and g in self.failed:
+            raise GeneratorError(f"generator {g} failed while sampling:\n{self.failed[g]}")
+
+    def _until(self, ready) -> None:
+        with self.cond:
+            while not ready():
+                self.cond.wait()
+
+    def _receive_from(self, g: int) -> None:
+        """A receiver thread, one per generator: every rollout it sends, as it comes (so that a
+        generator never blocks on a send while the learner waits for something else)."""
+        try:
+            while True:
+                kind, data, _ = recv_message(g, ROLLOUT_TAG)
+                if kind == ERROR:
+                    with self.cond:
+                        self.failed[g] = data.decode(errors="replace")
+                        self.cond.notify_all()
+                    return
+                ro, meta = decode_rollout(data)
+                with self.cond:
+                    self.pending[meta["rollout"]].rollout, self.pending[meta["rollout"]].meta = ro, meta
+                    self.cond.notify_all()
+        except Exception:  # the connection closed: the main thread finds out why
+            return
+
+    def _wait(self, fn, what: str, g: int | None = None) -> None:
+        """Run the blocking `fn` on a helper thread and wait for it within
+        rollout.generator_timeout_s, watching the generator processes meanwhile. (A gloo wait
+        cannot be given a deadline of its own: a timed-out wait closes the connection.)"""
+        limit = self.cfg.rollout.generator_timeout_s
+        deadline = time.monotonic() + limit
+        ranks = [g] if g is not None else self.job.generator_ranks()
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(_try(fn)), daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.05)
+            if not t.is_alive():
+                break
+            for r in ranks:
+                why = self.job.dead(r)
+                if why:
+                    raise GeneratorError(f"{why} before it could {what}; {self._note()}")
+            if time.monotonic() > deadline:
+                who = f"generator {g}" if g is not None else "a generator"
+                raise GeneratorError(f"{who} did not {what} within rollout.generator_timeout_s={limit:g} s "
+                                     f"(hung?); {self._note()}")
+        if out and out[0] is not None:
+            raise GeneratorError(f"the connection to a generator broke while waiting for it to {what} "
+                                 f"({out[0]}); {self._note()}")
+
+    def _note(self) -> str:
+        return (f"the run stopped; its last checkpoint in {self.cfg.run_dir / 'checkpoints'} is intact: "
+                f"resume with resume=auto")
+
+    # checkpoints
+    def stream_state(self, q: int) -> dict:
+        """The prompt stream's position before rollout q's prompts were drawn."""
+        p = self.pending.get(q)
+        return copy.deepcopy(p.stream_before if p else self.prompts.state_dict())
+
+    def inflight(self, q: int) -> dict[int, tuple[Rollout, dict]]:
+        """The rollouts of q.. sampled by weights older than q (waiting for them): what a
+        checkpoint after q rollouts must hold for an exact resume."""
+        out = {}
+        for r in sorted(self.pending):
+            if r >= q and self.pending[r].version < q:
+                self._arrived(r)
+                out[r] = (self.pending[r].rollout, self.pending[r].meta)
+        return out
+
+    def close(self) -> None:
+        """Stop the generators (STOP, then a kill for any that linger) and leave the job."""
+        try:
+            for g in self.job.generator_ranks():
+                if not self.job.dead(g):
+                    send_message(STOP, b"", g, CMD_TAG)
+        except Exception:  # a broken connection: the kill below
+            pass
+        close_job(self.job)
+
+
+def close_job(job: Job, grace_s: float = 10.0) -> None:
+    deadline = time.monotonic() + grace_s
+    for p in job.procs:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if dist.is_initialized():
+        if job.procs and any(p.returncode not in (0, None) for p in job.procs):
+            return  # a dead peer: destroying the group could block on it; the process exits soon
+        dist.destroy_process_group()
+
+
+def save_inflight(path: Path, inflight: dict[int, tuple[Rollout, dict]]) -> None:
+    if not inflight:
+        return
+    (path / INFLIGHT_DIR).mkdir()
+    for q, (ro, meta) in inflight.items():
+        (path / INFLIGHT_DIR / f"rollout-{q}.safetensors").write_bytes(encode_rollout(ro, meta))
+
+
+def load_inflight(path: Path) -> dict[int, tuple[Rollout, dict]]:
+    d = path / INFLIGHT_DIR
+    out = {}
+    if d.is_dir():
+        for f in d.glob("rollout-*.safetensors"):
+            ro, meta = decode_rollout(f.read_bytes())
+            out[int(meta["rollout"])] = (ro, meta)
+    return out
+
+
+# ---------------------------------------------------------------- the generator's side
+
+
+def _die_with_parent(parent: int) -> None:
+    """A spawned generator must not outlive the learner: SIGKILL when the parent dies (Linux),
+    and a watchdog for where that is not available."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # died before the line above
+        os._exit(1)
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def serve(cfg: Config) -> None:
+    """A generator process: build the policy, join the job, then answer the learner's commands
+    until STOP (or until the learner is gone)."""
+    from gspo.models import resolve_device
+    from gspo.train.run import build_policy, hf_generator, seed_everything, setup_threads
+
+    spawned = bool(os.environ.get(ROLE_ENV))
+    timeout = _timeout(cfg)
+    if spawned:
+        _die_with_parent(int(os.environ["GSPO_ASYNC_PARENT"]))
+        rank, world = int(os.environ["GSPO_ASYNC_RANK"]), int(os.environ["GSPO_ASYNC_WORLD"])
+        store = dist.TCPStore("127.0.0.1", int(os.environ["GSPO_ASYNC_PORT"]), world, is_master=False, timeout=timeout)
+    device = resolve_device(cfg.model.device)
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    setup_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    model, tok = build_policy(cfg, device)
+    generator = hf_generator(cfg, model, tok)
+    if spawned:
+        _init_group(store, rank, world, timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
+    kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
+    params = dict(weight_tensors(model, full=True))
+    try:
+        while True:
+            kind, payload, v = recv_message(0, CMD_TAG)
+            if kind == STOP:
+                break
+            msg = json.loads(payload)
+            if kind == WEIGHTS:
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    for name in msg["names"]:
+                        dist.recv(params[name], 0, group=group)
+                version = msg["version"]
+                sync_s += time.perf_counter() - t0
+                continue
+            t0 = time.perf_counter()
+            try:
+                if msg["version"] != version:
+                    raise RuntimeError(f"asked for rollout {msg['rollout']} with weights {msg['version']}, holds {version}")
+                ro = generator.generate(msg["prompts"], cfg.rollout.group_size, seed=msg["seed"], offset=0)
+            except Exception:
+                send_message(ERROR, traceback.format_exc().encode(), 0, ROLLOUT_TAG)
+                raise
+            t1 = time.perf_counter()
+            meta = {"rollout": msg["rollout"], "version": version, "generate_s": t1 - t0, "sync_s": sync_s,
+                    "idle_s": max(t0 - idle_from - sync_s, 0.0)}
+            send_message(ROLLOUT, encode_rollout(ro, meta), 0, ROLLOUT_TAG)
+            sync_s, idle_from = 0.0, time.perf_counter()
+    finally:
+        if kind == STOP:
+            dist.destroy_process_group()
+
+
+def main() -> None:
+    """`python -m gspo.train.async_mode`: a spawned generator, its config as YAML on stdin."""
+    cfg = from_yaml_text(sys.stdin.read())
+    try:
+        serve(cfg)
+    except (RuntimeError, ConnectionError) as e:  # the learner is gone: nothing to report to
+        print(f"gspo generator {os.environ.get('GSPO_ASYNC_RANK')}: stopped: {e}", file=sys.stderr)
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
