@@ -58,6 +58,7 @@ import torch.distributed as dist
 from gspo.config import Config, ConfigError, from_yaml_text, to_yaml
 from gspo.data import format_prompt
 from gspo.rollout import Rollout, chunk_seed
+from gspo.train import faults
 
 GENERATE, WEIGHTS, STOP, ROLLOUT, ERROR = 1, 2, 3, 4, 5
 CMD_TAG, ROLLOUT_TAG = 11, 12
@@ -101,7 +102,11 @@ def check_world(cfg: Config) -> None:
 
 
 def _weights_backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    """NCCL between GPUs of their own (torchrun, one GPU per rank); gloo otherwise, with the
+    tensors staged through host memory when they live on a GPU (NCCL cannot join two
+    processes on one GPU, as a spawned generator beside its learner is)."""
+    own_gpus = "RANK" in os.environ and torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", "1"))
+    return "nccl" if device.type == "cuda" and own_gpus and not os.environ.get(ROLE_ENV) else "gloo"
 
 
 @dataclass
@@ -113,6 +118,7 @@ class Job:
     procs: list = field(default_factory=list)  # subprocess.Popen, one per spawned generator
     store: object = None
     weights_group: object = None
+    device: torch.device = torch.device("cpu")
 
     def generator_ranks(self) -> list[int]:
         return list(range(1, self.world_size))
@@ -147,6 +153,7 @@ def start_job(cfg: Config, device: torch.device) -> Job:
         p.stdin.write(text)
         p.stdin.close()
         procs.append(p)
+        print(f"async mode: generator {rank} started (pid {p.pid})", file=sys.stderr, flush=True)
     return Job(world_size=world, procs=procs, store=store)
 
 
@@ -159,6 +166,7 @@ def connect(job: Job, cfg: Config, device: torch.device) -> None:
     else:
         dist.init_process_group("gloo", timeout=timeout)
     job.weights_group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
+    job.device = device
 
 
 def _init_group(store, rank: int, world: int, timeout, job: Job | None = None) -> None:
@@ -284,8 +292,12 @@ class AsyncRollouts:
         self.weight_sends: list = []  # (work, tensor) of weight sends in flight
         self.cond = threading.Condition()
         self.failed: dict[int, str] = {}  # generator rank -> its traceback
-        for g in job.generator_ranks():
-            threading.Thread(target=self._receive_from, args=(g,), daemon=True).start()
+        self.failed_run = False
+        self.stage = _weights_backend(job.device) == "gloo" and job.device.type == "cuda"
+        self.receivers = [threading.Thread(target=self._receive_from, args=(g,), daemon=True)
+                          for g in job.generator_ranks()]
+        for t in self.receivers:
+            t.start()
         self.next_q = 0  # the next rollout to ask for
         self.start = 0
         self.sync_s = 0.0
@@ -339,6 +351,8 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         self._post(WEIGHTS, json.dumps({"version": version, "names": list(tensors)}).encode(), g, version)
         for t in tensors.values():
+            if self.stage:  # gloo from a GPU: a host copy, alive until sent
+                t = t.cpu()
             self.weight_sends.append((dist.isend(t, g, group=self.job.weights_group), t))
             self.sync_bytes += t.numel() * t.element_size()
         self.have[g] = version
@@ -379,6 +393,7 @@ class AsyncRollouts:
                        f"send rollout {q}", g)
         g = self.generator_of(q)
         if self.pending[q].rollout is None and g in self.failed:
+            self.failed_run = True
             raise GeneratorError(f"generator {g} failed while sampling:\n{self.failed[g]}")
 
     def _until(self, ready) -> None:
@@ -405,6 +420,13 @@ class AsyncRollouts:
             return
 
     def _wait(self, fn, what: str, g: int | None = None) -> None:
+        try:
+            self._wait_for(fn, what, g)
+        except GeneratorError:
+            self.failed_run = True  # close() then kills the generators without a grace period
+            raise
+
+    def _wait_for(self, fn, what: str, g: int | None) -> None:
         """Run the blocking `fn` on a helper thread and wait for it within
         rollout.generator_timeout_s, watching the generator processes meanwhile. (A gloo wait
         cannot be given a deadline of its own: a timed-out wait closes the connection.)"""
@@ -454,14 +476,21 @@ class AsyncRollouts:
         """Stop the generators (STOP, then a kill for any that linger) and leave the job."""
         try:
             for g in self.job.generator_ranks():
-                if not self.job.dead(g):
-                    send_message(STOP, b"", g, CMD_TAG)
+                if not self.job.dead(g):  # (never waited for: a hung generator does not read it)
+                    self._post(STOP, b"", g, 0)
         except Exception:  # a broken connection: the kill below
             pass
-        close_job(self.job)
+        grace = 10.0 if not self.failed_run else 0.5
+        deadline = time.monotonic() + grace
+        for t in self.receivers:  # each ends when its generator, stopped, closes the connection
+            t.join(max(deadline - time.monotonic(), 0.0))
+        close_job(self.job, grace_s=grace, clean=not any(t.is_alive() for t in self.receivers))
 
 
-def close_job(job: Job, grace_s: float = 10.0) -> None:
+def close_job(job: Job, grace_s: float = 10.0, clean: bool = True) -> None:
+    """Wait for (then kill) the spawned generators and leave the process group, unless an
+    operation on it may still be pending (`clean` False, or a generator died): destroying the
+    group under a blocked receive aborts the process, which is about to exit anyway."""
     deadline = time.monotonic() + grace_s
     for p in job.procs:
         try:
@@ -469,9 +498,7 @@ def close_job(job: Job, grace_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    if dist.is_initialized():
-        if job.procs and any(p.returncode not in (0, None) for p in job.procs):
-            return  # a dead peer: destroying the group could block on it; the process exits soon
+    if dist.is_initialized() and clean and not any(p.returncode not in (0, None) for p in job.procs):
         dist.destroy_process_group()
 
 
@@ -540,6 +567,7 @@ def serve(cfg: Config) -> None:
     else:
         dist.init_process_group("gloo", timeout=timeout)
     group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
+    stage = _weights_backend(device) == "gloo" and device.type == "cuda"
     kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
     params = dict(weight_tensors(model, full=True))
     try:
@@ -552,11 +580,17 @@ def serve(cfg: Config) -> None:
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     for name in msg["names"]:
-                        dist.recv(params[name], 0, group=group)
+                        if stage:
+                            buf = torch.empty(params[name].shape, dtype=params[name].dtype)
+                            dist.recv(buf, 0, group=group)
+                            params[name].copy_(buf)
+                        else:
+                            dist.recv(params[name], 0, group=group)
                 version = msg["version"]
                 sync_s += time.perf_counter() - t0
                 continue
             t0 = time.perf_counter()
+            faults.in_generator(msg["rollout"])  # tests only
             try:
                 if msg["version"] != version:
                     raise RuntimeError(f"asked for rollout {msg['rollout']} with weights {msg['version']}, holds {version}")

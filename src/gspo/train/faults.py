@@ -7,6 +7,8 @@ paths (a kill mid-save, a process death between rollouts, a non-finite loss):
 - `kill_in_save=N`: SIGKILL while the checkpoint of optimizer step N is half written.
 - `nan_loss_at=N[+M...]`: the loss of optimizer step N (and M...) becomes NaN.
 - `nan_loss_from=N`: every loss from optimizer step N on becomes NaN.
+- `generator_kill_at=Q` / `generator_hang_at=Q`: an async-mode generator SIGKILLs itself, or
+  stops answering, when asked for rollout Q.
 
 Unset (the normal case) every hook is a dictionary lookup that does nothing.
 """
@@ -39,3 +41,14 @@ def nan_loss(step: int) -> bool:
     if str(step) in spec.get("nan_loss_at", "").split("+"):
         return True
     return "nan_loss_from" in spec and step >= int(spec["nan_loss_from"])
+
+
+def in_generator(rollout: int) -> None:
+    spec = _spec()
+    if spec.get("generator_kill_at") == str(rollout):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if spec.get("generator_hang_at") == str(rollout):
+        import time
+
+        while True:
+            time.sleep(3600)

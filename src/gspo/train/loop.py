@@ -237,6 +237,7 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     fill, gap = first and run.old_logp == "trainer", first and run.old_logp == "sampler"
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
+    corr: dict[str, float] = {}  # the mismatch correction's metrics
     loss_total, gaps = 0.0, []
     for micro in mb.micro:
         part, logp = trainer_logprobs(run, rollout, micro.rows, "capture" if fill else "compare", micro.share)  # (b, T)
@@ -245,10 +246,17 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
             old_logp[micro.rows, :T] = logp.detach().float()
         if gap:
             gaps.append((part.sampler_logp, logp.detach(), part.completion_mask * (not micro.placeholder)))
+        mask, weights = part.completion_mask, None
+        if a.mismatch_correction != "none":  # w = pi_old / pi_sampler, truncated or masked
+            weights, mask, cm = algo.mismatch_weights(
+                old_logp[micro.rows, :T], part.sampler_logp, part.completion_mask, method=a.mismatch_correction,
+                level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
+            _add_correction_metrics(corr, cm, micro.num_rows)
         loss, m = algo.policy_loss(
-            logp, old_logp[micro.rows, :T], adv[micro.rows], part.completion_mask, level=a.level,
+            logp, old_logp[micro.rows, :T], adv[micro.rows], mask, level=a.level,
             eps_low=a.eps_low, eps_high=a.eps_high, aggregation=a.aggregation, max_log_ratio=a.max_log_ratio,
-            max_len=cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None)
+            max_len=cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None,
+            weights=weights)
         if faults.nan_loss(state.step + 1):  # tests only
             loss = loss * float("nan")
         (loss * micro.weight).backward()
@@ -265,6 +273,10 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         sums.update(run.routes.take_metrics(per_layer=cfg.logging.routing_per_layer, captured=fill))
     metrics = reduce_minibatch_metrics(run.dist, sums, loss_total, sum(m.tokens for m in mb.micro),
                                        sum(m.num_rows for m in mb.micro))
+    if corr:
+        rows = max(sum(m.num_rows for m in mb.micro), 1)
+        metrics.update(run.dist.reduce_metrics({k: v if k.endswith(("_max", "_min")) else v / rows
+                                                for k, v in corr.items()}))
     if skips:
         metrics["rows/skipped_frac"] = 1.0 - metrics["rows/minibatch"] / mb.global_rows
     metrics.update(grad_norm=grad_norm, lr=run.scheduler.get_last_lr()[0])
@@ -272,6 +284,19 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     metrics["train/skipped_steps"] = state.skipped_steps
     metrics["time/update"] = time.perf_counter() - t0
     return metrics
+
+
+def _add_correction_metrics(acc: dict, m: dict, rows: int) -> None:
+    """Micro-batch metrics of `algo.mismatch_weights` into `acc`: means weighted by rows, max / min."""
+    if not rows:
+        return
+    for k, v in m.items():
+        if k.endswith("_max"):
+            acc[k] = max(acc.get(k, -math.inf), v)
+        elif k.endswith("_min"):
+            acc[k] = min(acc.get(k, math.inf), v)
+        else:
+            acc[k] = acc.get(k, 0.0) + v * rows
 
 
 def _grad_norm(run: Run) -> float:

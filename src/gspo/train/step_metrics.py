@@ -92,5 +92,6 @@ def completion_rows(step: int, rollout: Rollout, rewards, adv: torch.Tensor) -> 
         rows.append({"step": step, "prompt": rollout.prompts[i], "completion": rollout.completions[i],
                      "reward": float(rewards.rewards[i]), "advantage": float(adv[i]),
                      "finish_reason": rollout.finish_reason[i],
+                     "policy_version": None if rollout.policy_version is None else int(rollout.policy_version[i]),
                      "rewards": {k: float(v[i]) for k, v in rewards.per_function.items()}})
     return rows

@@ -1,0 +1,237 @@
+"""Async mode (rollout.mode=async, gspo.train.async_mode): generator processes sample while the
+learner trains. Exactness against sync mode, bounded staleness, exact resume with rollouts in
+flight, and the faults: a killed or hung generator, a dead learner, bad settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gspo.config import ConfigError, load_config
+from gspo.rollout import Rollout
+from gspo.train import async_mode
+from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
+from test_resume import TINY, _env, gspo_train, metrics_without_timings
+
+ASYNC = ["rollout.mode=async"]
+
+
+def final_params(run_dir: Path) -> dict:
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def assert_same_params(a: Path, b: Path) -> None:
+    pa, pb = final_params(a), final_params(b)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without timings and async mode's own bookkeeping."""
+    return [{k: v for k, v in r.items() if not k.startswith("async/")} for r in metrics_without_timings(run_dir)]
+
+
+def versions(run_dir: Path) -> dict[int, set[int]]:
+    """The policy version of every sampled row, per rollout (completions/ has every rollout)."""
+    out = {}
+    for f in sorted((run_dir / "completions").glob("*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        step = rows[0]["step"]
+        out[step] = {r["policy_version"] for r in rows}
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One sync run and async runs with K = 0 and K = 2, on the same settings."""
+    tmp = tmp_path_factory.mktemp("async")
+    gspo_train(tmp, "sync")
+    gspo_train(tmp, "k0", *ASYNC, "rollout.max_staleness=0")
+    gspo_train(tmp, "k2", *ASYNC, "rollout.max_staleness=2")
+    return tmp
+
+
+def test_async_with_no_staleness_trains_the_same_parameters_as_sync(runs):
+    assert_same_params(runs / "sync", runs / "k0")  # bitwise
+    assert comparable(runs / "sync") == comparable(runs / "k0")
+    stale = [r["async/staleness_max"] for r in metrics_without_timings(runs / "k0") if "async/staleness_max" in r]
+    assert stale and set(stale) == {0.0}
+
+
+def test_staleness_is_bounded_and_every_row_carries_the_version_that_sampled_it(runs):
+    recs = [r for r in metrics_without_timings(runs / "k2") if "async/staleness_max" in r]
+    by_rollout = {r["rollout"]: (r["async/staleness_mean"], r["async/staleness_max"]) for r in recs}
+    # rollout r (1-based in the log) was sampled by the weights after rollout max(0, r-1-K)
+    assert by_rollout == {r: (float(min(r - 1, 2)),) * 2 for r in range(1, 5)}
+    steps_per_rollout = 2
+    assert versions(runs / "k2") == {r * steps_per_rollout: {max(0, r - 1 - 2)} for r in range(1, 5)}
+    assert versions(runs / "sync") == {r * steps_per_rollout: {r - 1} for r in range(1, 5)}
+    # stale rollouts are off-policy from the first minibatch on: the sampler/trainer gap shows it
+    gap = {r["rollout"]: r["mismatch/token_abs_max"] for r in recs}
+    assert gap[1] < 1e-5 and gap[4] > 1e-3
+    pa, pb = final_params(runs / "k2"), final_params(runs / "sync")
+    assert any(not torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_sigkill_then_resume_is_exact_with_rollouts_in_flight(runs, tmp_path):
+    p = gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", faults="exit_after_rollout=2", check=False)
+    assert p.returncode == 3
+    ck = find_resume_checkpoint(tmp_path / "run")
+    # rollouts 3 and 4 were sampled (by older weights) before the checkpoint: it holds them
+    assert sorted(f.name for f in (ck / "inflight").iterdir()) == ["rollout-2.safetensors", "rollout-3.safetensors"]
+    gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", "resume=auto")
+    assert_same_params(runs / "k2", tmp_path / "run")
+    assert comparable(runs / "k2") == comparable(tmp_path / "run")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].startswith("Z")  # a zombie has stopped
+    except FileNotFoundError:
+        return True
+
+
+def test_generators_stop_when_the_learner_is_killed(tmp_path):
+    cmd = [sys.executable, "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC,
+           "rollout.generators=1", "schedule.rollouts=400"]
+    learner = subprocess.Popen(cmd, env=_env(), stderr=subprocess.PIPE, text=True)
+    pids = []
+    for line in learner.stderr:  # "async mode: generator 1 started (pid N)"
+        if "started (pid" in line:
+            pids.append(int(line.rsplit("pid ", 1)[1].rstrip(")\n")))
+            break
+    assert pids, "no generator started"
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training is under way
+    assert not _gone(pids[0])
+    learner.kill()
+    learner.wait()
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = [p for p in pids if not _gone(p)]
+    for p in orphans:
+        os.kill(p, signal.SIGKILL)
+    assert orphans == []
+
+
+def test_a_killed_generator_stops_the_run_with_one_clear_error_and_the_checkpoint_resumes(runs, tmp_path):
+    p = gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", faults="generator_kill_at=3", check=False)
+    assert p.returncode != 0
+    err = p.stderr
+    assert "GeneratorError" in err and "generator 1 (pid" in err and "killed by signal 9" in err
+    assert "is intact: resume with resume=auto" in err
+    ck = find_resume_checkpoint(tmp_path / "run")
+    verify_checkpoint(ck)  # the last checkpoint stayed whole
+    gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", "resume=auto")
+    assert_same_params(runs / "k2", tmp_path / "run")
+
+
+def test_a_hung_generator_is_noticed_within_its_deadline(tmp_path):
+    t0 = time.monotonic()
+    p = gspo_train(tmp_path, "run", *ASYNC, "rollout.generator_timeout_s=2", faults="generator_hang_at=1",
+                   check=False)
+    assert p.returncode != 0
+    assert "generator 1 did not send rollout 1 within rollout.generator_timeout_s=2 s" in p.stderr
+    assert time.monotonic() - t0 < 100
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["rollout.max_staleness=-1"], "rollout.max_staleness"),
+    (["rollout.generators=0"], "rollout.generators"),
+    (["rollout.backend=vllm"], "rollout.backend"),
+    (["rollout.old_logp=sampler", "algo.routing_replay=true"], "algo.routing_replay"),
+    (["algo.mismatch_correction=tis"], "algo.mismatch_correction"),  # needs old_logp=trainer
+    (["algo.mismatch_correction=mis", "rollout.old_logp=trainer", "algo.mismatch_floor=1.5"], "algo"),
+    (["rollout.mode=later"], "rollout.mode"),
+])
+def test_bad_async_settings_are_refused_naming_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=f"config field '{field}"):
+        load_config(None, ["rollout.mode=async", *overrides])
+
+
+@pytest.mark.parametrize("world, generators, message", [
+    ("2", 2, "need at least 3 processes"),
+    ("4", 1, "runs one learner rank"),
+])
+def test_async_world_checks_under_torchrun(monkeypatch, world, generators, message):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.delenv(async_mode.ROLE_ENV, raising=False)
+    cfg = load_config(None, ["rollout.mode=async", f"rollout.generators={generators}"])
+    with pytest.raises(ConfigError, match=f"'rollout.generators'.*{message}"):
+        async_mode.check_world(cfg)
+
+
+def test_more_generators_than_cores_is_refused(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="'rollout.generators': 2 generators and the learner need 3 CPU cores"):
+        async_mode.check_world(load_config(None, ["rollout.mode=async", "rollout.generators=2"]))
+
+
+def test_torchrun_assigns_the_last_ranks_to_generators(runs, tmp_path):
+    """The same config under torchrun: rank 0 learns, rank 1 samples; same run as one machine."""
+    for attempt in range(3):  # a free port can be taken between the probe and torchrun: try another
+        with socket.socket() as sock:  # (torchrun's --master-port 0 does not reach the workers)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+               "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", f"output.name=run{attempt}", *ASYNC,
+               "rollout.max_staleness=2"]
+        p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+        if p.returncode == 0 or "address already in use" not in p.stderr.lower():
+            break
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "started (pid" not in p.stderr  # torchrun started every process, gspo none
+    assert_same_params(runs / "k2", tmp_path / f"run{attempt}")
+
+
+def test_rollout_messages_round_trip():
+    ro = Rollout(prompt_ids=torch.tensor([[0, 5], [0, 5]]), prompt_mask=torch.tensor([[0, 1], [0, 1]]),
+                 completion_ids=torch.tensor([[7, 2], [8, 0]]), completion_mask=torch.tensor([[1, 1], [1, 0]]),
+                 sampler_logp=torch.tensor([[-0.5, -1.25], [-2.0, 0.0]]), finish_reason=["eos", "length"],
+                 group_size=2, prompts=["π ≈ 3?", "π ≈ 3?"], completions=["yes ✓", ""])
+    back, meta = async_mode.decode_rollout(async_mode.encode_rollout(ro, {"rollout": 7, "version": 5}))
+    assert meta == {"rollout": 7, "version": 5}
+    for k in async_mode.ROLLOUT_TENSORS:
+        assert torch.equal(getattr(back, k), getattr(ro, k)), k
+    assert (back.prompts, back.completions, back.finish_reason) == (ro.prompts, ro.completions, ro.finish_reason)
+
+
+def test_the_schedule_samples_rollout_q_with_the_weights_after_q_minus_k():
+    r = async_mode.AsyncRollouts.__new__(async_mode.AsyncRollouts)
+    r.start, r.K, r.N = 0, 2, 2
+    assert [r.need(q) for q in range(6)] == [0, 0, 0, 1, 2, 3]
+    assert [r.generator_of(q) for q in range(4)] == [1, 2, 1, 2]
+    r.start = 3  # resumed at rollout 3: nothing older than the checkpoint's weights
+    assert [r.need(q) for q in range(3, 8)] == [3, 3, 3, 4, 5]
+
+
+def test_mismatch_corrections_act_in_the_loss(tmp_path):
+    """With the trainer's pi_old, a stale rollout's tokens get weights pi_old / pi_sampler != 1:
+    MIS with tight bounds masks some of them, TIS truncates others, and the two train different
+    weights (were the weights ignored, both runs would be the same uncorrected run)."""
+    base = [*ASYNC, "rollout.max_staleness=1", "rollout.old_logp=trainer", "algo.mismatch_cap=1.01"]
+    gspo_train(tmp_path, "mis", *base, "algo.mismatch_correction=mis", "algo.mismatch_floor=0.99")
+    gspo_train(tmp_path, "tis", *base, "algo.mismatch_correction=tis")
+    mis, tis = (metrics_without_timings(tmp_path / n)[1:] for n in ("mis", "tis"))
+    assert mis[0]["mismatch_is/masked_frac"] == 0.0 and abs(mis[0]["mismatch_is/weight_max"] - 1) < 1e-5  # on-policy
+    assert max(r["mismatch_is/masked_frac"] for r in mis) > 0
+    assert max(r["mismatch_is/truncated_frac"] for r in tis) > 0
+    assert all(r["mismatch_is/truncated_frac"] == 0 for r in mis) and all(r["mismatch_is/masked_frac"] == 0 for r in tis)
+    pa, pb = final_params(tmp_path / "mis"), final_params(tmp_path / "tis")
+    assert any(not torch.equal(pa[k], pb[k]) for k in pa)
