@@ -12,7 +12,10 @@ the machine's speed hits both alike.
 The figure is steady-state throughput: rollouts / sum of `time/step` over the rollouts after
 the first (the first holds the pipeline's fill and the first-call set-up of either side).
 Equal work: the same prompts, group size, token limit and minibatches in both modes; async
-mode trains on rollouts sampled K versions earlier, which costs the same compute.
+mode trains on rollouts sampled K versions earlier, which costs the same compute. The models
+are untrained (they seldom emit EOS, so completions run to the limit, and the exact-answer
+reward is 0 everywhere), so `schedule.skip_zero_advantage=false` makes the learner run every
+row: without it a rollout with no signal costs the learner nothing.
 
 A cell's generation/learning balance is printed from the sync run (time/generate against
 the rest of the step): async mode can at best hide the shorter of the two.
@@ -30,13 +33,20 @@ import tempfile
 from pathlib import Path
 
 BASE = ["data.source=arithmetic", "data.num_prompts=2000", "eval.enabled=false", "logging.console=false",
-        "logging.completions_every=0", "logging.table_every=0", "optim.lr=1e-4", "rollout.temperature=1.0"]
+        "logging.completions_every=0", "logging.table_every=0", "optim.lr=1e-4", "rollout.temperature=1.0",
+        "schedule.skip_zero_advantage=false"]
 
 # (name, overrides): prompts x completions, token limit, model size, dense / MoE
 GRID = [
     ("demo 32x8 t6 h128", ["rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=6",
                            "tiny.hidden_size=128", "tiny.num_layers=2"]),
     ("16x8 t32 h128", ["rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=32",
+                       "tiny.hidden_size=128", "tiny.num_layers=2"]),
+    ("4x8 t16 h128", ["rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=16",
+                      "tiny.hidden_size=128", "tiny.num_layers=2"]),
+    ("4x8 t64 h256 l4", ["rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=64",
+                         "tiny.hidden_size=256", "tiny.num_layers=4"]),
+    ("8x8 t128 h128", ["rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_new_tokens=128",
                        "tiny.hidden_size=128", "tiny.num_layers=2"]),
     ("4x8 t16 h128 moe", ["rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=16",
                           "tiny.hidden_size=128", "tiny.num_layers=2", "tiny.moe=true"]),
