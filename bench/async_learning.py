@@ -3,6 +3,8 @@ GSPO against GRPO, 3 seeds each.
 
     python bench/async_learning.py --json docs/figures/async_learning.json      (~30 min on 2 cores)
     python bench/async_learning.py --seeds 0 --staleness 1 --levels sequence    (one cell)
+    python bench/async_learning.py --staleness 2 --extra rollout.old_logp=trainer algo.mismatch_correction=tis \
+        --tag " trainer+tis" --json docs/figures/async_learning_tis.json      (the corrections)
 
 Each run is `gspo demo` (warm-up, then the GSPO phase of 300 rollouts) with `seed`,
 `algo.level` (sequence = GSPO, token = GRPO, each with the paper's clip range) and the mode as
@@ -51,6 +53,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4], help="0 = sync mode")
     ap.add_argument("--levels", nargs="+", default=["sequence", "token"])
+    ap.add_argument("--extra", nargs="*", default=[], help="overrides for every run, e.g. rollout.old_logp=trainer")
+    ap.add_argument("--tag", default="", help="appended to every cell's name")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     cells = {}
@@ -58,10 +62,10 @@ def main() -> None:
         for level in args.levels:
             for k in args.staleness:
                 mode = [] if k == 0 else ["rollout.mode=async", f"rollout.max_staleness={k}"]
-                name = f"{'GSPO' if level == 'sequence' else 'GRPO'} {'sync' if k == 0 else f'async K={k}'}"
+                name = f"{'GSPO' if level == 'sequence' else 'GRPO'} {'sync' if k == 0 else f'async K={k}'}{args.tag}"
                 runs = []
                 for seed in args.seeds:
-                    r = run(Path(tmp) / f"{level}-{k}-{seed}", [f"seed={seed}", f"algo.level={level}", *mode])
+                    r = run(Path(tmp) / f"{level}-{k}-{seed}", [f"seed={seed}", f"algo.level={level}", *mode, *args.extra])
                     runs.append(r)
                     print(f"{name:16s} seed {seed}: accuracy {[round(a, 3) for _, a in r['curve']]}, "
                           f"clip/token_frac {r['clip_token_frac']:.4f}", flush=True)

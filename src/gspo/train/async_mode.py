@@ -296,7 +296,7 @@ class AsyncRollouts:
         self.K, self.N = cfg.rollout.max_staleness, job.world_size - 1
         self.pending: dict[int, _Pending] = {}
         self.have: dict[int, int] = {}  # generator rank -> the weight version it holds
-        self.sends: list = []  # (work, tensor) of command sends (kept alive until they are read)
+        self.sends: list = []  # (generator, rollout, work, tensor) of command sends
         self.weight_sends: list = []  # (generator, version, work, tensor): sends from the parameters
         self.copied_sends: list = []  # the same for flat copies (gloo)
         self.cond = threading.Condition()
@@ -351,9 +351,11 @@ class AsyncRollouts:
             self.next_q += 1
 
     def _post(self, kind: int, payload: bytes, dst: int, version: int) -> None:
+        """Send a command without waiting; its tensors stay alive in `sends` until the
+        generator has surely read it (`_release`), tagged with the next rollout index it precedes."""
         head, body = _frame(kind, payload, version)
         for t in (head, body) if len(payload) else (head,):
-            self.sends.append((dist.isend(t, dst, tag=CMD_TAG), t))
+            self.sends.append((dst, self.next_q, dist.isend(t, dst, tag=CMD_TAG), t))
 
     def _send_weights(self, g: int, version: int, full: bool) -> None:
         """Weights `version` to generator g. Over gloo: one flat host buffer per dtype, a copy
@@ -382,15 +384,11 @@ class AsyncRollouts:
         self.weight_sends.clear()
         self.sync_s += time.perf_counter() - t0
 
-    def _release(self, g: int, version: int) -> None:
-        """Generator g has sampled with `version`: it received every copy up to it."""
-        keep = []
-        for s in self.copied_sends:
-            if s[0] == g and s[1] <= version:
-                s[2].wait()  # (complete: returns at once)
-            else:
-                keep.append(s)
-        self.copied_sends = keep
+    def _release(self, g: int, q: int, version: int) -> None:
+        """Generator g has answered rollout q, sampled with `version`: it has read every command
+        up to q's and received every weight copy up to `version`."""
+        self.copied_sends = _drop_done(self.copied_sends, lambda e: e[0] == g and e[1] <= version)
+        self.sends = _drop_done(self.sends, lambda e: e[0] == g and e[1] <= q)
 
     def take(self, q: int) -> tuple[list, Rollout, dict]:
         """Rollout q (waiting for it), its prompt rows and its metrics; the weight sends are
@@ -398,7 +396,7 @@ class AsyncRollouts:
         p = self.pending[q]
         t0 = time.perf_counter()
         self._arrived(q)
-        self._release(self.generator_of(q), p.version)
+        self._release(self.generator_of(q), q, p.version)
         self.finish_sends()
         wait = time.perf_counter() - t0
         with self.cond:
@@ -511,6 +509,17 @@ class AsyncRollouts:
         for t in self.receivers:  # each ends when its generator, stopped, closes the connection
             t.join(max(deadline - time.monotonic(), 0.0))
         close_job(self.job, grace_s=grace, clean=not any(t.is_alive() for t in self.receivers))
+
+
+def _drop_done(sends: list, done) -> list:
+    """The sends not known to be complete; the others are waited for (at once: they are)."""
+    keep = []
+    for e in sends:
+        if done(e):
+            e[2].wait()
+        else:
+            keep.append(e)
+    return keep
 
 
 def close_job(job: Job, grace_s: float = 10.0, clean: bool = True) -> None:

@@ -215,7 +215,9 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
     Several processes (``comm``: a `gspo.train.distributed.Dist`) call this together: each writes its
     own RNG state and its part of ``write_state(tmp_dir)`` (a sharded model + optimizer writer;
     without one, rank 0 writes the plain files); rank 0 then writes the rest and publishes the
-    checkpoint. The run directory must be one filesystem that all ranks see.
+    checkpoint. The run directory must be one filesystem that all ranks see. ``write_extra(tmp_dir)``,
+    when given, lets rank 0 add files of its own (async mode's rollouts in flight); the manifest
+    covers them like the rest.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
