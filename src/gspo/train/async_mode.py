@@ -5,8 +5,9 @@ Roles. Rank 0 is the learner; ranks 1..N are generators (`rollout.generators=N`)
 machine `gspo train` starts the N generator processes itself (`start_job`); under torchrun
 the last N ranks of the job are the generators (one learner rank: async mode does not shard
 the learner yet). Every generator builds the policy from the same config and samples with
-the hf backend's `HFGenerator`, so with the same weights and seed it draws the very tokens
-that sync mode draws.
+the configured backend: the hf backend's `HFGenerator`, which with the same weights and seed
+draws the very tokens that sync mode draws, or a vLLM engine of its own
+(`rollout.backend=vllm`), which `sync_weights` feeds from the received weights.
 
 The schedule is fixed, not a race: rollout q is sampled by generator q mod N with the
 weights after rollout need(q) = max(start, q - K), K = `rollout.max_staleness`, `start` the
@@ -596,7 +597,14 @@ def serve(cfg: Config) -> None:
     setup_threads(cfg.threads)
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, device)
-    generator = hf_generator(cfg, model, tok)
+    if cfg.rollout.backend == "vllm":  # an engine of its own in this process, fed from `model`
+        from gspo.train.distributed import Dist
+        from gspo.train.run import vllm_generator
+
+        generator = vllm_generator(cfg, model, tok, Dist(device=device),
+                                   workdir=cfg.run_dir / f"vllm-generator-{os.environ.get('GSPO_ASYNC_RANK', os.environ.get('RANK'))}")
+    else:
+        generator = hf_generator(cfg, model, tok)
     if spawned:
         _init_group(store, rank, world, timeout)
     else:
@@ -621,6 +629,7 @@ def serve(cfg: Config) -> None:
                         dist.recv(buf, 0, group=group)
                         for n, part in zip(names, buf.split([params[n].numel() for n in names])):
                             params[n].copy_(part.view(params[n].shape))
+                generator.sync_weights(model)  # (the hf backend samples from `model` itself: a no-op)
                 version = msg["version"]
                 sync_s += time.perf_counter() - t0
                 continue
@@ -639,6 +648,8 @@ def serve(cfg: Config) -> None:
             send_message(ROLLOUT, encode_rollout(ro, meta), 0, ROLLOUT_TAG)
             sync_s, idle_from = 0.0, time.perf_counter()
     finally:
+        if hasattr(generator, "close"):
+            generator.close()
         if kind == STOP:
             dist.destroy_process_group()
 
