@@ -152,6 +152,7 @@ def test_a_hung_generator_is_noticed_within_its_deadline(tmp_path):
     (["rollout.max_staleness=-1"], "rollout.max_staleness"),
     (["rollout.generators=0"], "rollout.generators"),
     (["rollout.generator_timeout_s=0"], "rollout.generator_timeout_s"),
+    (["rollout.backend=vllm"], "rollout.backend"),
     (["rollout.old_logp=sampler", "algo.routing_replay=true"], "algo.routing_replay"),
     (["algo.mismatch_correction=tis"], "algo.mismatch_correction"),  # needs old_logp=trainer
     (["algo.mismatch_correction=mis", "rollout.old_logp=trainer", "algo.mismatch_floor=1.5"], "algo"),

