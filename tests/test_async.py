@@ -228,3 +228,17 @@ def test_mismatch_corrections_act_in_the_loss(tmp_path):
     assert all(r["mismatch_is/truncated_frac"] == 0 for r in mis) and all(r["mismatch_is/masked_frac"] == 0 for r in tis)
     pa, pb = final_params(tmp_path / "mis"), final_params(tmp_path / "tis")
     assert any(not torch.equal(pa[k], pb[k]) for k in pa)
+
+
+@pytest.mark.parametrize("overrides, old_logp, expected", [
+    (["rollout.mode=async", "algo.level=token"], "trainer", "tis"),   # measured: docs/async.md
+    (["rollout.mode=async", "algo.level=token"], "sampler", "none"),  # w = 1: nothing to correct
+    (["algo.level=token"], "trainer", "none"),                        # sync: pi_old is on-policy
+    (["rollout.mode=async"], "trainer", "none"),                      # GSPO: measured no gain
+    (["rollout.mode=async", "algo.level=token", "algo.mismatch_correction=mis", "rollout.old_logp=trainer"],
+     "trainer", "mis"),
+])
+def test_the_default_correction_is_tis_only_where_it_was_measured_to_help(overrides, old_logp, expected):
+    from gspo.train.run import resolve_correction
+
+    assert resolve_correction(load_config(None, overrides), old_logp) == expected

@@ -153,9 +153,11 @@ class AlgoConfig:
     adv_scale: str = doc("group", "advantage scaling: group (divide by group std, Eq. 6) | none (mean only, Dr. GRPO)")
     adv_eps: float = doc(1e-6, "added to the group std")
     routing_replay: bool = doc(False, "MoE: reuse pi_old's experts in the update pass (for the GRPO baseline)")
-    mismatch_correction: str = doc("none", "train/inference mismatch correction with weight w = pi_old / pi_sampler "
+    mismatch_correction: str = doc("auto", "train/inference mismatch correction with weight w = pi_old / pi_sampler "
                                    "(needs rollout.old_logp=trainer): none | tis (truncate w at mismatch_cap) | mis "
-                                   "(drop what has w outside [mismatch_floor, mismatch_cap]; IcePop at token level)")
+                                   "(drop what has w outside [mismatch_floor, mismatch_cap]; IcePop at token level) | "
+                                   "auto (tis for level=token with the trainer's pi_old in async mode, else none; "
+                                   "the measurement is in docs/async.md)")
     mismatch_level: str = doc("token", "what the correction weighs: token (w per token) | sequence (the full product of "
                               "token weights) | geometric (their geometric mean, GSPO's normalisation)")
     mismatch_cap: float = doc(2.0, "upper bound of the mismatch weight (TIS's C)")

@@ -110,10 +110,11 @@ def validate(cfg: Config) -> None:
     _check(not (a.routing_replay and r.old_logp == "sampler"), "algo.routing_replay",
            "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer")
     try:
-        algo.validate_mismatch(a.mismatch_correction, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
+        method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
+        algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
     except ValueError as e:
         raise ConfigError(f"config field 'algo': {e}") from None
-    _check(a.mismatch_correction == "none" or r.old_logp == "trainer", "algo.mismatch_correction",
+    _check(a.mismatch_correction in ("none", "auto") or r.old_logp == "trainer", "algo.mismatch_correction",
            "weighs by pi_old / pi_sampler, which needs both: set rollout.old_logp=trainer (with the sampler's "
            "log-probs as pi_old the weight is 1 and GSPO's clip is the correction, paper section 5.4)")
     rw = cfg.rewards

@@ -247,7 +247,7 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         if gap:
             gaps.append((part.sampler_logp, logp.detach(), part.completion_mask * (not micro.placeholder)))
         mask, weights = part.completion_mask, None
-        if a.mismatch_correction != "none":  # w = pi_old / pi_sampler, truncated or masked
+        if a.mismatch_correction in ("tis", "mis"):  # w = pi_old / pi_sampler, truncated or masked
             weights, mask, cm = algo.mismatch_weights(
                 old_logp[micro.rows, :T], part.sampler_logp, part.completion_mask, method=a.mismatch_correction,
                 level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
