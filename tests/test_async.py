@@ -153,7 +153,7 @@ def test_a_hung_generator_is_noticed_within_its_deadline(tmp_path):
     (["rollout.generators=0"], "rollout.generators"),
     (["rollout.generator_timeout_s=0"], "rollout.generator_timeout_s"),
     (["rollout.backend=vllm"], "rollout.backend"),
-    (["rollout.old_logp=sampler", "algo.routing_replay=true"], "algo.routing_replay"),
+    (["rollout.old_logp=sampler", "algo.routing_replay=true", "rollout.decode=generate"], "algo.routing_replay"),
     (["algo.mismatch_correction=tis"], "algo.mismatch_correction"),  # needs old_logp=trainer
     (["algo.mismatch_correction=mis", "rollout.old_logp=trainer", "algo.mismatch_floor=1.5"], "algo"),
     (["rollout.mode=later"], "rollout.mode"),
@@ -242,3 +242,56 @@ def test_the_default_correction_is_tis_only_where_it_was_measured_to_help(overri
     from gspo.train.run import resolve_correction
 
     assert resolve_correction(load_config(None, overrides), old_logp) == expected
+
+
+# ---------------------------------------------------------------- MoE: the sampler's routes (R3)
+
+
+@pytest.mark.parametrize("batch_size", [None, 8])
+def test_the_decode_loop_records_the_routes_the_trainer_would(batch_size):
+    """Every token the sampler ran has the routes the trainer's pi_old pass records for it (same
+    weights); the only tokens without are each row's last, which neither pass needs."""
+    from gspo.models.logprobs import LogprobModule
+    from gspo.models.routing import RouteTracker
+    from gspo.models.tiny import build_char_tokenizer, build_tiny_model
+    from gspo.rollout import HFGenerator
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0)
+    gen = HFGenerator(model, tok, temperature=1.5, max_new_tokens=6, batch_size=batch_size)
+    gen.routes = RouteTracker(model)
+    torch.manual_seed(0)
+    ro = gen.generate(["1+2=", "10+20+3=", "7="], 4, seed=3)
+    assert ro.routes is not None and ro.routes.shape[:2] == ro.input_ids.shape
+    trainer = RouteTracker(model)
+    trainer.reset(*ro.input_ids.shape, ro.input_ids.device)
+    with torch.no_grad(), trainer.forward("capture", torch.arange(ro.num_samples), 0, ro.attention_mask):
+        LogprobModule(model)(ro.input_ids, ro.attention_mask, ro.completion_ids.shape[1])
+    both = (ro.routes >= 0).all(-1) & (trainer.routes >= 0).all(-1)  # (N, P+T, layers)
+    assert both.sum() > 0.8 * ro.attention_mask.sum() * 2
+    assert torch.equal(ro.routes[both], trainer.routes[both])
+    real = ro.attention_mask.bool()[:, :, None].expand_as(both)
+    missing = real & ~(ro.routes >= 0).all(-1)
+    P = ro.prompt_ids.shape[1]
+    last = P + ro.completion_lengths - 1  # each row's last token
+    for i in range(ro.num_samples):
+        cols = missing[i].any(-1).nonzero().flatten().tolist()
+        assert cols == [int(last[i])], (i, cols)
+    gen.routes.close()
+    trainer.close()
+
+
+def test_async_moe_routes_come_from_the_sampler_and_replay_runs(tmp_path):
+    """The default pi_old on a MoE in async mode is the sampler's, with its routes: the route
+    change is measured from them, and Routing Replay replays them."""
+    moe = ["tiny.moe=true", "tiny.num_experts=4"]
+    gspo_train(tmp_path, "r3", *ASYNC, *moe, "algo.level=token", "algo.routing_replay=true")
+    recs = [r for r in metrics_without_timings(tmp_path / "r3") if "routing/changed_frac" in r]
+    first = {}
+    for r in recs:  # each rollout's first minibatch: before any update of this rollout
+        first.setdefault(r["rollout"], r["routing/changed_frac"])
+    # rollout 1 was sampled by the weights it is trained on: the sampler's routes are the trainer's;
+    # later ones by weights one update older, so some routes differ already on the first minibatch
+    # (with the trainer's pi_old pass the first minibatch compares with itself: exactly 0)
+    assert first[1] == 0.0
+    assert all(first[r] > 0 for r in range(2, 5)), first

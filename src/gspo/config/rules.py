@@ -107,8 +107,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
            f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
-    _check(not (a.routing_replay and r.old_logp == "sampler"), "algo.routing_replay",
-           "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer")
+    _check(not (a.routing_replay and r.old_logp == "sampler") or (r.mode == "async" and r.decode == "gspo"),
+           "algo.routing_replay", "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer "
+           "(or async mode, whose decode loop records the sampler's)")
     try:
         method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
         algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
@@ -152,8 +153,9 @@ def _validate_async(cfg: Config) -> None:
     _check(r.backend == "hf", "rollout.backend",
            f"'{r.backend}' cannot be an async generator yet (vLLM's in-process engine starts a process group of "
            f"its own, which cannot share a process with async mode's job): use rollout.backend=hf")
-    _check(not cfg.algo.routing_replay or r.old_logp != "sampler", "algo.routing_replay",
-           "in async mode the routes come from the trainer's pi_old pass: set rollout.old_logp=trainer")
+    _check(not cfg.algo.routing_replay or r.old_logp != "sampler" or r.decode == "gspo", "algo.routing_replay",
+           "with the sampler's pi_old the routes to replay are the sampler's, which only gspo's decode loop records: "
+           "set rollout.decode=gspo, or rollout.old_logp=trainer")
 
 
 def _validate_vllm(cfg: Config) -> None:

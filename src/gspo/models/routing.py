@@ -61,6 +61,7 @@ class RouteTracker:
         self._changed = torch.zeros(len(self.routers), dtype=torch.float64)
         self._total = torch.zeros(len(self.routers), dtype=torch.float64)
         self._checked: set[int] = set()
+        self.partial = False  # routes with unknown tokens that replay may leave alone (the sampler's)
         self._handles = [r.register_forward_hook(self._hook_for(i)) for i, r in enumerate(self.routers)]
 
     @property
@@ -76,6 +77,14 @@ class RouteTracker:
     def reset(self, n_rows: int, n_cols: int, device) -> None:
         """A new rollout of `n_rows` × `n_cols` tokens: forget the old routes."""
         self.routes = torch.full((n_rows, n_cols, len(self.routers), self.k), -1, dtype=self.dtype, device=device)
+        self.partial = False
+
+    def use_sampler_routes(self, routes: torch.Tensor) -> None:
+        """π_old's routes are the sampler's (R3: `Rollout.routes`, recorded in its decode loop).
+        Each row's last token has none: the sampler never ran it. Its routes cannot change any
+        log-prob (a causal model reads a token's hidden state only at later positions), so
+        replay leaves that token its own choice and `routing/changed_frac` skips it."""
+        self.routes, self.partial = routes, True
 
     @contextmanager
     def forward(self, mode: str, rows: torch.Tensor, col_offset: int, mask: torch.Tensor, *, replay: bool = False):
@@ -93,6 +102,26 @@ class RouteTracker:
                 yield
         finally:
             self._mode, self._slot, self._whole, self._replay = None, None, None, False
+
+    def recorder(self, row_start: int, col_start: int):
+        """For the sampler's decode loop (`gspo.rollout.decode`'s `on_forward`): record the routes
+        of each forward of a chunk whose row 0 is rollout row `row_start` and whose column 0 is
+        rollout column `col_start`. Each row's last token is never run through the model (its
+        successor is not sampled), so its routes stay unknown (-1)."""
+        self._mode = "capture"
+
+        def on_forward(rows, col, mask, fan_out):
+            dev = mask.device
+            run_rows = rows.to(dev) + row_start
+            fan = None
+            if fan_out is not None:  # the prefill: each distinct prompt once, for every row of its group
+                fan = (torch.arange(fan_out.shape[0], device=dev) + row_start, fan_out.to(dev))
+            self._slot = (run_rows, col_start + col, mask.bool(), fan)
+
+        return on_forward
+
+    def stop_recording(self) -> None:
+        self._mode, self._slot = None, None
 
     def _on_body_call(self, rows, col_start, mask, fan_out) -> None:
         """One decoder-body call of a split forward (see `gspo.models.logprobs.announce_body_calls`)."""
@@ -160,9 +189,12 @@ class RouteTracker:
             if not self._replay:
                 return None
             old = old_t if fan is None else self.routes[r_idx, c_idx, layer].long()  # the tokens run
-            if not (old >= 0).all():
-                raise RuntimeError("Routing Replay: a token has no recorded π_old route "
-                                   "(replay needs the trainer's π_old pass over the same rollout)")
+            unknown = (old < 0).any(-1)
+            if unknown.any():
+                if not self.partial:
+                    raise RuntimeError("Routing Replay: a token has no recorded π_old route "
+                                       "(replay needs the trainer's π_old pass over the same rollout)")
+                old = torch.where(unknown[:, None], idx[flat_mask].long(), old)  # (see `use_sampler_routes`)
             if layer not in self._checked:  # the gate-weight rule must reproduce this router
                 mine = _replay_scores(module, logits, idx, scores)
                 if not torch.allclose(mine.float(), scores.float(), atol=1e-3, rtol=1e-3):

@@ -45,6 +45,7 @@ class Rollout:
     completions: list[str]  # N decoded completions, special tokens and EOS stripped
     group_ids: torch.Tensor | None = None  # (N,) long: index of the prompt each row answers
     policy_version: torch.Tensor | None = None  # (N,) long: the weight version (rollouts learned) that sampled each row
+    routes: torch.Tensor | None = None  # (N, P+T, layers, k) MoE: the experts the sampler's forward chose, -1 unknown
 
     def __post_init__(self):
         if self.group_ids is None:
@@ -82,6 +83,9 @@ class Rollout:
             completions=[self.completions[i] for i in idx],
             group_ids=self.group_ids[rows_t],
             policy_version=None if self.policy_version is None else self.policy_version[rows_t],
+            routes=None if self.routes is None else torch.cat(  # [prompt | completion] columns
+                [self.routes[rows_t, p_start : self.prompt_ids.shape[1]],
+                 self.routes[rows_t, self.prompt_ids.shape[1] : self.prompt_ids.shape[1] + t_end]], dim=1),
         )
 
     def trim(self) -> "Rollout":
@@ -105,6 +109,8 @@ class Rollout:
         out = dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields})
         if self.policy_version is not None:
             out.policy_version = self.policy_version.to(device)
+        if self.routes is not None:
+            out.routes = self.routes.to(device)
         return out
 
 
@@ -248,7 +254,7 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
 
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int, eos_token_ids: Sequence[int],
            pad_token_id: int, temperature: float = RolloutConfig.temperature, top_k: int = RolloutConfig.top_k,
-           top_p: float = RolloutConfig.top_p):
+           top_p: float = RolloutConfig.top_p, on_forward=None):
     """Sample completions of left-padded prompts with a KV cache: (B, P), (B, P) ->
     (completion ids (B, T_gen) padded with `pad_token_id` after each row's first EOS,
     log_softmax(logits / T) of each token (B, T_gen) float32, 0 on padding).
@@ -258,6 +264,11 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     and the cache at once, so finished rows cost nothing in later steps (transformers'
     ``generate`` keeps decoding them until every row is done). The prefill runs each distinct
     prompt once and copies its KV cache to the rows that share it (a group's G rows).
+
+    `on_forward(rows, col, mask, fan_out)`, when given, is told before each model call which
+    tokens it runs: the rows (indices into the batch), the input column of its first token, the
+    (b, l) mask of real tokens, and for the prefill the map from each batch row to the prompt row
+    that stands for it (a `gspo.models.routing.RouteTracker` records the sampler's MoE routes).
     """
     from transformers import DynamicCache
 
@@ -271,6 +282,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     cache = DynamicCache(config=getattr(model, "config", None))
     pos = position_ids_from_mask(mask)
     first, inverse = prompt_groups(ids, mask, ids.shape[1])  # a group's rows share one prompt
+    if on_forward is not None:
+        on_forward(first, 0, mask[first], inverse)
     out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=pos[first], **{CACHE_KWARG: cache},
                 use_cache=True, logits_to_keep=1)  # the prefill runs each distinct prompt once
     logits = out.logits[inverse]  # (n, 1, V)
@@ -293,6 +306,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
             cache.batch_select_indices(keep)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
+        if on_forward is not None:  # the token drawn at step t sits in column P + t
+            on_forward(rows, ids.shape[1] + t, attn.new_ones(attn.shape[0], 1), None)
         logits = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, **{CACHE_KWARG: cache},
                        use_cache=True, logits_to_keep=1).logits
         next_pos = next_pos + 1
@@ -353,6 +368,7 @@ class HFGenerator:
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = batch_size
         self.eos_token_ids, self.pad_token_id = special_ids(model, tokenizer, eos_token_ids)
+        self.routes = None  # a RouteTracker on `model`: every rollout then carries the sampler's routes
 
     def sync_weights(self, model) -> None:
         """No-op: the generator samples from the module the trainer updates in place."""
@@ -373,12 +389,14 @@ class HFGenerator:
         )
 
     @torch.no_grad()
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor):
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, on_forward=None):
         """One chunk: (B, P) left-padded prompts → (B, T_gen) completion ids and log-probs."""
         if self.engine == "gspo":
             return decode(self.model, ids, mask, max_new_tokens=self.max_new_tokens, eos_token_ids=self.eos_token_ids,
                           pad_token_id=self.pad_token_id, temperature=self.temperature, top_k=self.top_k,
-                          top_p=self.top_p)
+                          top_p=self.top_p, on_forward=on_forward)
+        if on_forward is not None:
+            raise ValueError("the sampler's MoE routes are recorded by gspo's decode loop only (rollout.decode=gspo)")
         recorder = _RawLogprobRecorder(self.temperature)
         out = self.model.generate(
             input_ids=ids,
@@ -401,13 +419,14 @@ class HFGenerator:
             for start in range(0, n, step):
                 ids, mask = prompt_ids[start : start + step], prompt_mask[start : start + step]
                 first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
+                hook = None if self.routes is None else self.routes.recorder(start, first)
                 if seed is None:
-                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
                     continue
                 devices = [ids.device] if ids.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):
                     torch.manual_seed(chunk_seed(seed, offset + start))
-                    chunks.append(self._sample(ids[:, first:], mask[:, first:]))
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
         return chunks
 
     def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
@@ -417,7 +436,13 @@ class HFGenerator:
         device = next(self.model.parameters()).device
         rows = encode_prompts(self.tokenizer, prompts, group_size)  # N lists
         prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id, device)  # (N, P)
-        chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
+        if self.routes is not None:
+            self.routes.reset(len(rows), prompt_ids.shape[1] + self.max_new_tokens, device)
+        try:
+            chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
+        finally:
+            if self.routes is not None:
+                self.routes.stop_recording()
 
         n, t = len(rows), max(c.shape[1] for c, _ in chunks)
         completion_ids = torch.full((n, t), self.pad_token_id, dtype=torch.long, device=device)
@@ -430,6 +455,9 @@ class HFGenerator:
             sampler_logp[start : start + b, :tg] = logp
             produced[start : start + b, :tg] = True
             start += b
-        return assemble_rollout(prompt_ids, prompt_mask, completion_ids, sampler_logp, produced,
-                                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                                tokenizer=self.tokenizer, prompts=prompts, group_size=group_size)
+        ro = assemble_rollout(prompt_ids, prompt_mask, completion_ids, sampler_logp, produced,
+                              eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                              tokenizer=self.tokenizer, prompts=prompts, group_size=group_size)
+        if self.routes is not None:
+            ro.routes = self.routes.routes[:, : prompt_ids.shape[1] + t].clone()
+        return ro

@@ -240,6 +240,8 @@ def encode_rollout(rollout: Rollout, meta: dict) -> bytes:
     from safetensors.torch import save
 
     tensors = {k: getattr(rollout, k).detach().cpu().contiguous() for k in ROLLOUT_TENSORS}
+    if rollout.routes is not None:  # MoE: the sampler's routes (R3)
+        tensors["routes"] = rollout.routes.detach().cpu().contiguous()
     text = {"finish_reason": rollout.finish_reason, "group_size": rollout.group_size, "prompts": rollout.prompts,
             "completions": rollout.completions, "meta": meta}
     tensors["json"] = torch.frombuffer(bytearray(json.dumps(text).encode()), dtype=torch.uint8)
@@ -252,7 +254,8 @@ def decode_rollout(data: bytes) -> tuple[Rollout, dict]:
     t = load(data)
     text = json.loads(t.pop("json").numpy().tobytes())
     ro = Rollout(**{k: t[k] for k in ROLLOUT_TENSORS}, finish_reason=text["finish_reason"],
-                 group_size=text["group_size"], prompts=text["prompts"], completions=text["completions"])
+                 group_size=text["group_size"], prompts=text["prompts"], completions=text["completions"],
+                 routes=t.get("routes"))
     return ro, text["meta"]
 
 
@@ -583,6 +586,7 @@ def serve(cfg: Config) -> None:
     """A generator process: build the policy, join the job, then answer the learner's commands
     until STOP (or until the learner is gone)."""
     from gspo.models import resolve_device
+    from gspo.models.routing import RouteTracker, find_routers
     from gspo.train.run import build_policy, hf_generator, seed_everything, setup_threads
 
     spawned = bool(os.environ.get(ROLE_ENV))
@@ -604,6 +608,8 @@ def serve(cfg: Config) -> None:
         dist.init_process_group("gloo", timeout=timeout)
     group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
     generator = hf_generator(cfg, model, tok)
+    if find_routers(model) and cfg.rollout.decode == "gspo":  # MoE: every rollout carries its routes (R3)
+        generator.routes = RouteTracker(model)
     kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
     params = dict(weight_tensors(model, full=True))
     try:

@@ -214,7 +214,10 @@ def old_logprobs(run: Run, rollout: Rollout, plan: Plan) -> torch.Tensor:
     them before any weight changes, so their own forward is π_old and fills them in (with
     num_minibatches=1 there is no separate pass at all). Rows that never run stay at 0."""
     if run.routes is not None:
-        run.routes.reset(rollout.num_samples, rollout.input_ids.shape[1], run.device)
+        if run.old_logp == "sampler":  # async mode: the generator recorded them in its own forward (R3)
+            run.routes.use_sampler_routes(rollout.routes)
+        else:
+            run.routes.reset(rollout.num_samples, rollout.input_ids.shape[1], run.device)
     if run.old_logp == "sampler":
         return rollout.sampler_logp
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=run.device)

@@ -205,8 +205,9 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
     r = cfg.rollout
     if r.old_logp != "auto":
         return r.old_logp
-    if r.mode == "async":  # the sampler's, as the paper takes the engine's (section 5.4); MoE: the pass records routes
-        return "sampler" if not has_routers and not cfg.algo.routing_replay else "trainer"
+    if r.mode == "async":  # the sampler's, as the paper takes the engine's (section 5.4); a MoE's routes come
+        # from gspo's decode loop (R3), else from the trainer's pass
+        return "sampler" if r.decode == "gspo" or not (has_routers or cfg.algo.routing_replay) else "trainer"
     same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
                     and not cfg.model.dropout)
     return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
@@ -316,7 +317,8 @@ def build_run(cfg: Config) -> Run:
     old_logp = resolve_old_logp(cfg, has_routers=bool(find_routers(model)))
     cfg.algo.mismatch_correction = resolve_correction(cfg, old_logp)
     # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
-    routes = RouteTracker(model) if old_logp == "trainer" else None  # the trainer's routers only
+    sampler_routes = asynchronous and old_logp == "sampler" and r.decode == "gspo"  # R3: recorded by the generators
+    routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
