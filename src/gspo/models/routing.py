@@ -13,6 +13,9 @@ transformers' `*TopKRouter` contract (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and ~
 - `compare`: in the update pass, each token's natural top-k under π_θ is compared with π_old's;
   ``routing/changed_frac`` is the fraction of (token, layer, k) choices that differ (top-k sets,
   order ignored), with a per-layer breakdown.
+- `recorder` (R3, async mode): the sampler's decode loop records the routes of its own forward
+  instead, sent with the rollout (`gspo.rollout.Rollout.routes`) and used by `compare` and
+  `replay` through `use_sampler_routes`.
 - `replay` (``algo.routing_replay``): the update pass uses π_old's experts for every token; the
   gate weights of those experts are recomputed from π_θ's router logits (softmax, then the
   router's own top-k renormalisation), so gradients still reach the router. The rule is checked
