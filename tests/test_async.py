@@ -182,9 +182,12 @@ def test_more_generators_than_cores_is_refused(monkeypatch):
 
 
 def test_torchrun_assigns_the_last_ranks_to_generators(runs, tmp_path):
-    """The same config under torchrun: rank 0 learns, rank 1 samples; same run as one machine."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC, "rollout.max_staleness=2"]
+    """The same config under torchrun with two generators: rank 0 learns, ranks 1 and 2 take
+    alternate rollouts. The schedule fixes which weights sample each rollout, not which
+    generator does, so this is the one-machine, one-generator run bit for bit."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+           "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC, "rollout.max_staleness=2",
+           "rollout.generators=2"]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "started (pid" not in p.stderr  # torchrun started every process, gspo none
