@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from gspo.config import ConfigError, load_config
 from gspo.rollout import Rollout
-from gspo.train import async_mode
+from gspo.train import async_mode, async_wire
 from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
 from test_resume import TINY, _env, gspo_train, metrics_without_timings
 
@@ -199,9 +199,9 @@ def test_rollout_messages_round_trip():
                  completion_ids=torch.tensor([[7, 2], [8, 0]]), completion_mask=torch.tensor([[1, 1], [1, 0]]),
                  sampler_logp=torch.tensor([[-0.5, -1.25], [-2.0, 0.0]]), finish_reason=["eos", "length"],
                  group_size=2, prompts=["π ≈ 3?", "π ≈ 3?"], completions=["yes ✓", ""])
-    back, meta = async_mode.decode_rollout(async_mode.encode_rollout(ro, {"rollout": 7, "version": 5}))
+    back, meta = async_wire.decode_rollout(async_wire.encode_rollout(ro, {"rollout": 7, "version": 5}))
     assert meta == {"rollout": 7, "version": 5}
-    for k in async_mode.ROLLOUT_TENSORS:
+    for k in async_wire.ROLLOUT_TENSORS:
         assert torch.equal(getattr(back, k), getattr(ro, k)), k
     assert (back.prompts, back.completions, back.finish_reason) == (ro.prompts, ro.completions, ro.finish_reason)
 

@@ -16,7 +16,8 @@ rollout the run began (or resumed) at. So every rollout's staleness is known in 
 (min(q - start, K)), a run is the same whatever the timing, K = 0 is sync mode computed on
 another process, and a generator that would be more than K versions behind waits.
 
-Messages (all over `torch.distributed`, never files):
+Messages (`gspo.train.async_wire`; all over `torch.distributed`, never files; the
+generator's side of them is `gspo.train.async_generator`):
 
 - learner -> generator, on the default (gloo) group: a command header (kind, payload bytes,
   version) and a JSON payload: GENERATE (rollout, seed, prompts), WEIGHTS (version, tensor
@@ -42,30 +43,24 @@ by `resume=auto` gives what the uninterrupted run gives.
 from __future__ import annotations
 
 import copy
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from gspo.config import Config, ConfigError, from_yaml_text, to_yaml
+from gspo.config import Config, ConfigError, to_yaml
 from gspo.data import format_prompt
 from gspo.rollout import Rollout, chunk_seed
-from gspo.train import faults
+from gspo.train.async_wire import (CMD_TAG, ERROR, GENERATE, ROLLOUT_TAG, STOP, WEIGHTS, _dtype_groups, _frame,
+                                   decode_rollout, recv_message, weight_tensors)
 
-GENERATE, WEIGHTS, STOP, ROLLOUT, ERROR = 1, 2, 3, 4, 5
-CMD_TAG, ROLLOUT_TAG = 11, 12
 ROLE_ENV = "GSPO_ASYNC_ROLE"  # set for the generator processes that `start_job` spawns
-INFLIGHT_DIR = "inflight"
 
 
 class GeneratorError(RuntimeError):
@@ -150,7 +145,7 @@ def start_job(cfg: Config, device: torch.device) -> Job:
     for rank in range(1, world):
         env = {**os.environ, ROLE_ENV: "generator", "GSPO_ASYNC_RANK": str(rank), "GSPO_ASYNC_WORLD": str(world),
                "GSPO_ASYNC_PORT": str(store.port), "GSPO_ASYNC_PARENT": str(os.getpid())}
-        p = subprocess.Popen([sys.executable, "-c", "from gspo.train.async_mode import main; main()"], env=env,
+        p = subprocess.Popen([sys.executable, "-c", "from gspo.train.async_generator import main; main()"], env=env,
                              stdin=subprocess.PIPE)
         p.stdin.write(text)
         p.stdin.close()
@@ -204,76 +199,6 @@ def _timeout(cfg: Config):
     import datetime
 
     return datetime.timedelta(seconds=cfg.distributed.timeout_s)
-
-
-# ---------------------------------------------------------------- messages
-
-
-def _frame(kind: int, payload: bytes, version: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    head = torch.tensor([kind, len(payload), version], dtype=torch.int64)
-    body = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.zeros(0, dtype=torch.uint8)
-    return head, body
-
-
-def send_message(kind: int, payload: bytes, dst: int, tag: int, version: int = 0) -> None:
-    head, body = _frame(kind, payload, version)
-    dist.send(head, dst, tag=tag)
-    if len(payload):
-        dist.send(body, dst, tag=tag)
-
-
-def recv_message(src: int, tag: int) -> tuple[int, bytes, int]:
-    head = torch.zeros(3, dtype=torch.int64)
-    dist.recv(head, src, tag=tag)
-    kind, n, version = (int(x) for x in head)
-    body = torch.zeros(n, dtype=torch.uint8)
-    if n:
-        dist.recv(body, src, tag=tag)
-    return kind, body.numpy().tobytes(), version
-
-
-ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampler_logp", "group_ids")
-
-
-def encode_rollout(rollout: Rollout, meta: dict) -> bytes:
-    """A rollout as safetensors bytes: its tensors, and its texts and `meta` as JSON."""
-    from safetensors.torch import save
-
-    tensors = {k: getattr(rollout, k).detach().cpu().contiguous() for k in ROLLOUT_TENSORS}
-    if rollout.routes is not None:  # MoE: the sampler's routes (R3)
-        tensors["routes"] = rollout.routes.detach().cpu().contiguous()
-    text = {"finish_reason": rollout.finish_reason, "group_size": rollout.group_size, "prompts": rollout.prompts,
-            "completions": rollout.completions, "meta": meta}
-    tensors["json"] = torch.frombuffer(bytearray(json.dumps(text).encode()), dtype=torch.uint8)
-    return save(tensors)
-
-
-def decode_rollout(data: bytes) -> tuple[Rollout, dict]:
-    from safetensors.torch import load
-
-    t = load(data)
-    text = json.loads(t.pop("json").numpy().tobytes())
-    ro = Rollout(**{k: t[k] for k in ROLLOUT_TENSORS}, finish_reason=text["finish_reason"],
-                 group_size=text["group_size"], prompts=text["prompts"], completions=text["completions"],
-                 routes=t.get("routes"))
-    return ro, text["meta"]
-
-
-def _dtype_groups(tensors: dict[str, torch.Tensor]) -> list[list]:
-    """[[dtype name, [tensor names]], ...]: the tensors of each dtype, in their order."""
-    groups: dict[str, list[str]] = {}
-    for n, t in tensors.items():
-        groups.setdefault(str(t.dtype), []).append(n)
-    return [[d, names] for d, names in groups.items()]
-
-
-def weight_tensors(model, full: bool) -> dict[str, torch.Tensor]:
-    """What a weight sync sends: every parameter and floating buffer (`full`), else the
-    trainable parameters (all others never change). The tensors themselves, not copies."""
-    out = {n: p.data for n, p in model.named_parameters() if full or p.requires_grad}
-    if full:
-        out.update({n: b for n, b in model.named_buffers() if b.is_floating_point()})
-    return out
 
 
 # ---------------------------------------------------------------- the learner's side
@@ -540,126 +465,3 @@ def close_job(job: Job, grace_s: float = 10.0, clean: bool = True) -> None:
             p.wait()
     if dist.is_initialized() and clean and not any(p.returncode not in (0, None) for p in job.procs):
         dist.destroy_process_group()
-
-
-def save_inflight(path: Path, inflight: dict[int, tuple[Rollout, dict]]) -> None:
-    if not inflight:
-        return
-    (path / INFLIGHT_DIR).mkdir()
-    for q, (ro, meta) in inflight.items():
-        (path / INFLIGHT_DIR / f"rollout-{q}.safetensors").write_bytes(encode_rollout(ro, meta))
-
-
-def load_inflight(path: Path) -> dict[int, tuple[Rollout, dict]]:
-    d = path / INFLIGHT_DIR
-    out = {}
-    if d.is_dir():
-        for f in d.glob("rollout-*.safetensors"):
-            ro, meta = decode_rollout(f.read_bytes())
-            out[int(meta["rollout"])] = (ro, meta)
-    return out
-
-
-# ---------------------------------------------------------------- the generator's side
-
-
-def _die_with_parent(parent: int) -> None:
-    """A spawned generator must not outlive the learner: SIGKILL when the parent dies (Linux),
-    and a watchdog for where that is not available."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # died before the line above
-        os._exit(1)
-
-    def watch():
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def serve(cfg: Config) -> None:
-    """A generator process: build the policy, join the job, then answer the learner's commands
-    until STOP (or until the learner is gone)."""
-    from gspo.models import resolve_device
-    from gspo.models.routing import RouteTracker, find_routers
-    from gspo.train.run import build_policy, hf_generator, seed_everything, setup_threads
-
-    spawned = bool(os.environ.get(ROLE_ENV))
-    timeout = _timeout(cfg)
-    if spawned:
-        _die_with_parent(int(os.environ["GSPO_ASYNC_PARENT"]))
-        rank, world = int(os.environ["GSPO_ASYNC_RANK"]), int(os.environ["GSPO_ASYNC_WORLD"])
-        store = dist.TCPStore("127.0.0.1", int(os.environ["GSPO_ASYNC_PORT"]), world, is_master=False, timeout=timeout)
-    device = resolve_device(cfg.model.device)
-    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    setup_threads(cfg.threads)
-    seed_everything(cfg.seed)
-    model, tok = build_policy(cfg, device)
-    if spawned:
-        _init_group(store, rank, world, timeout)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
-    group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
-    generator = hf_generator(cfg, model, tok)
-    if find_routers(model) and cfg.rollout.decode == "gspo":  # MoE: every rollout carries its routes (R3)
-        generator.routes = RouteTracker(model)
-    kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
-    params = dict(weight_tensors(model, full=True))
-    try:
-        while True:
-            kind, payload, v = recv_message(0, CMD_TAG)
-            if kind == STOP:
-                break
-            msg = json.loads(payload)
-            if kind == WEIGHTS:
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    for dtype, names in msg["groups"]:
-                        if not msg["flat"]:  # NCCL: straight into the parameter
-                            dist.recv(params[names[0]], 0, group=group)
-                            continue
-                        buf = torch.empty(sum(params[n].numel() for n in names), dtype=getattr(torch, dtype[6:]))
-                        dist.recv(buf, 0, group=group)
-                        for n, part in zip(names, buf.split([params[n].numel() for n in names])):
-                            params[n].copy_(part.view(params[n].shape))
-                version = msg["version"]
-                sync_s += time.perf_counter() - t0
-                continue
-            t0 = time.perf_counter()
-            faults.in_generator(msg["rollout"])  # tests only
-            try:
-                if msg["version"] != version:
-                    raise RuntimeError(f"asked for rollout {msg['rollout']} with weights {msg['version']}, holds {version}")
-                ro = generator.generate(msg["prompts"], cfg.rollout.group_size, seed=msg["seed"], offset=0)
-            except Exception:
-                send_message(ERROR, traceback.format_exc().encode(), 0, ROLLOUT_TAG)
-                raise
-            t1 = time.perf_counter()
-            meta = {"rollout": msg["rollout"], "version": version, "generate_s": t1 - t0, "sync_s": sync_s,
-                    "idle_s": max(t0 - idle_from - sync_s, 0.0)}
-            send_message(ROLLOUT, encode_rollout(ro, meta), 0, ROLLOUT_TAG)
-            sync_s, idle_from = 0.0, time.perf_counter()
-    finally:
-        if kind == STOP:
-            dist.destroy_process_group()
-
-
-def main() -> None:
-    """`python -m gspo.train.async_mode`: a spawned generator, its config as YAML on stdin."""
-    cfg = from_yaml_text(sys.stdin.read())
-    try:
-        serve(cfg)
-    except (RuntimeError, ConnectionError) as e:  # the learner is gone: nothing to report to
-        print(f"gspo generator {os.environ.get('GSPO_ASYNC_RANK')}: stopped: {e}", file=sys.stderr)
-        os._exit(1)
-
-
-if __name__ == "__main__":
-    main()

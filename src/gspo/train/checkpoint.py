@@ -461,10 +461,10 @@ def save_run(run, state) -> Path:
     write = (lambda p: distributed.save_sharded(p, run.trainer, run.optimizer, d)) if sharded else None
     extra = None
     if run.remote is not None:  # async mode: the rollouts older weights sampled for the next ones
-        from gspo.train import async_mode
+        from gspo.train.async_wire import save_inflight
 
         inflight = run.remote.inflight(state.rollout)
-        extra = lambda p: async_mode.save_inflight(p, inflight)  # noqa: E731
+        extra = lambda p: save_inflight(p, inflight)  # noqa: E731
     return save_checkpoint(cfg.run_dir, state.step, model=run.policy, optimizer=run.optimizer,
                            scheduler=run.scheduler, trainer_state=asdict(state), config_text=to_yaml(cfg),
                            keep_last=cfg.checkpoint.keep_last, trainable_only=cfg.lora.enabled and not sharded,

@@ -21,6 +21,7 @@ import torch
 
 from gspo import algo
 from gspo.train import async_mode, checkpoint
+from gspo.train.async_wire import load_inflight
 from gspo.train import faults
 from gspo.config import Config
 from gspo.models.logprobs import can_share_prompt
@@ -361,7 +362,9 @@ class _StopRequest:
 def train(cfg: Config, *, run: Run | None = None) -> Path:
     """Run GSPO as configured; returns the run directory (with `final/` in HF format)."""
     if async_mode.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
-        async_mode.serve(cfg)
+        from gspo.train.async_generator import serve
+
+        serve(cfg)
         return cfg.run_dir
     run = run or build_run(cfg)
     d, run_dir, total = run.dist, cfg.run_dir, cfg.schedule.rollouts
@@ -369,7 +372,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     inflight = {}
     if run.resume_from is not None:
         state = TrainerState(**checkpoint.restore_run(run, run.resume_from))
-        inflight = async_mode.load_inflight(run.resume_from) if run.remote is not None else {}
+        inflight = load_inflight(run.resume_from) if run.remote is not None else {}
         if state.finished:
             if d.is_main:
                 print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
