@@ -296,3 +296,19 @@ def test_async_moe_routes_come_from_the_sampler_and_replay_runs(tmp_path):
     # (with the trainer's pi_old pass the first minibatch compares with itself: exactly 0)
     assert first[1] == 0.0
     assert all(first[r] > 0 for r in range(2, 5)), first
+
+
+@pytest.mark.parametrize("family", ["llama"])
+def test_async_on_a_saved_checkpoint_with_chat_data_matches_sync(saved, tmp_path, family):
+    """A user's artifacts through the CLI: a save_pretrained checkpoint (llama: a tokenizer
+    that adds BOS) that every generator loads from disk, and chat rows with messy columns.
+    With K = 0 async mode trains the parameters sync mode trains, bit for bit."""
+    from artifacts import chat_rows, write_jsonl
+
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(16))
+    common = [f"model.name_or_path={saved(family)}", f"data.source={data}", "data.prompt_column=messages",
+              "data.max_prompt_tokens=256", "rollout.max_new_tokens=6"]
+    gspo_train(tmp_path, "sync", *common)
+    gspo_train(tmp_path, "async", *common, *ASYNC, "rollout.max_staleness=0")
+    assert_same_params(tmp_path / "sync", tmp_path / "async")
+    assert comparable(tmp_path / "sync") == comparable(tmp_path / "async")
