@@ -150,7 +150,7 @@ def test_a_hung_generator_is_noticed_within_its_deadline(tmp_path):
     (["rollout.max_staleness=-1"], "rollout.max_staleness"),
     (["rollout.generators=0"], "rollout.generators"),
     (["rollout.generator_timeout_s=0"], "rollout.generator_timeout_s"),
-    (["rollout.backend=vllm"], "rollout.backend"),
+    (["rollout.backend=vllm", "rollout.old_logp=sampler", "algo.routing_replay=true"], "algo.routing_replay"),
     (["rollout.old_logp=sampler", "algo.routing_replay=true", "rollout.decode=generate"], "algo.routing_replay"),
     (["algo.mismatch_correction=tis"], "algo.mismatch_correction"),  # needs old_logp=trainer
     (["algo.mismatch_correction=mis", "rollout.old_logp=trainer", "algo.mismatch_floor=1.5"], "algo"),
@@ -163,7 +163,7 @@ def test_bad_async_settings_are_refused_naming_the_field(overrides, field):
 
 @pytest.mark.parametrize("world, generators, message", [
     ("2", 2, "need at least 3 processes"),
-    ("4", 1, "runs one learner rank"),
+    ("1", 1, "need at least 2 processes"),
 ])
 def test_async_world_checks_under_torchrun(monkeypatch, world, generators, message):
     monkeypatch.setenv("WORLD_SIZE", world)
@@ -194,6 +194,28 @@ def test_torchrun_assigns_the_last_ranks_to_generators(runs, tmp_path):
     assert_same_params(runs / "k2", tmp_path / "run")
 
 
+def torchrun(out: Path, name: str, nproc: int, *extra: str) -> Path:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "gspo", "train", *TINY, f"output.dir={out}", f"output.name={name}", *extra]
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out / name
+
+
+def test_two_fsdp_learners_and_a_generator_train_what_sync_fsdp_trains(tmp_path):
+    """torchrun, 3 processes: ranks 0-1 learn under FSDP2 (each sends the generator its own
+    shards, nobody gathers them), rank 2 samples each learner's prompts as sync mode's rank
+    would; evaluation runs on the generator. At K = 0 that is the 2-process sync FSDP2 run,
+    parameters and held-out metrics bit for bit."""
+    fsdp = ["distributed.strategy=fsdp", "eval.every=2"]
+    sync = torchrun(tmp_path, "sync", 2, *fsdp)
+    run = torchrun(tmp_path, "async", 3, *fsdp, *ASYNC, "rollout.max_staleness=0")
+    assert_same_params(sync, run)
+    ev = lambda d: [{k: v for k, v in r.items() if k.startswith("eval/")} for r in comparable(d) if "eval/accuracy" in r]
+    assert len(ev(run)) == 3 and ev(run) == ev(sync)  # rollouts 0, 2 and 4
+    assert comparable(run) == comparable(sync)
+
+
 def test_rollout_messages_round_trip():
     ro = Rollout(prompt_ids=torch.tensor([[0, 5], [0, 5]]), prompt_mask=torch.tensor([[0, 1], [0, 1]]),
                  completion_ids=torch.tensor([[7, 2], [8, 0]]), completion_mask=torch.tensor([[1, 1], [1, 0]]),
@@ -208,9 +230,11 @@ def test_rollout_messages_round_trip():
 
 def test_the_schedule_samples_rollout_q_with_the_weights_after_q_minus_k():
     r = async_mode.AsyncRollouts.__new__(async_mode.AsyncRollouts)
-    r.start, r.K, r.N = 0, 2, 2
+    r.start, r.K, r.N, r.job = 0, 2, 2, async_mode.Job(world_size=3)
     assert [r.need(q) for q in range(6)] == [0, 0, 0, 1, 2, 3]
     assert [r.generator_of(q) for q in range(4)] == [1, 2, 1, 2]
+    r.job = async_mode.Job(world_size=4, learners=2)  # torchrun: ranks 0-1 learn, 2-3 sample
+    assert [r.generator_of(q) for q in range(4)] == [2, 3, 2, 3]
     r.start = 3  # resumed at rollout 3: nothing older than the checkpoint's weights
     assert [r.need(q) for q in range(3, 8)] == [3, 3, 3, 4, 5]
 

@@ -107,7 +107,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
            f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
-    _check(not (a.routing_replay and r.old_logp == "sampler") or (r.mode == "async" and r.decode == "gspo"),
+    _check(not (a.routing_replay and r.old_logp == "sampler") or (r.mode == "async" and r.decode == "gspo"
+                                                                 and r.backend == "hf"),
            "algo.routing_replay", "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer "
            "(or async mode, whose decode loop records the sampler's)")
     try:
@@ -150,12 +151,10 @@ def _validate_async(cfg: Config) -> None:
     _check(r.generator_timeout_s > 0, "rollout.generator_timeout_s", "must be > 0")
     if r.mode != "async":
         return
-    _check(r.backend == "hf", "rollout.backend",
-           f"'{r.backend}' cannot be an async generator yet (vLLM's in-process engine starts a process group of "
-           f"its own, which cannot share a process with async mode's job): use rollout.backend=hf")
-    _check(not cfg.algo.routing_replay or r.old_logp != "sampler" or r.decode == "gspo", "algo.routing_replay",
-           "with the sampler's pi_old the routes to replay are the sampler's, which only gspo's decode loop records: "
-           "set rollout.decode=gspo, or rollout.old_logp=trainer")
+    _check(not cfg.algo.routing_replay or r.old_logp != "sampler" or (r.decode == "gspo" and r.backend == "hf"),
+           "algo.routing_replay", "with the sampler's pi_old the routes to replay are the sampler's, which only gspo's "
+           "decode loop records (not vLLM, not rollout.decode=generate): set rollout.backend=hf and "
+           "rollout.decode=gspo, or rollout.old_logp=trainer")
 
 
 def _validate_vllm(cfg: Config) -> None:

@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from gspo.config import Config, from_yaml_text
 from gspo.train import faults
-from gspo.train.async_mode import ROLE_ENV, _init_group, _timeout, _weights_backend
-from gspo.train.async_wire import (CMD_TAG, ERROR, ROLLOUT, ROLLOUT_TAG, STOP, WEIGHTS, encode_rollout,
-                                   recv_message, send_message, weight_tensors)
+from gspo.train.async_mode import ROLE_ENV, Job, _timeout, connect, learner_count, torchrun_store
+from gspo.train.async_wire import (CMD_TAG, ERROR, EVAL, EVAL_RESULT, ROLLOUT, ROLLOUT_TAG, STOP, WEIGHTS,
+                                   encode_rollout, recv_message, send_message, weight_tensors)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -44,11 +44,14 @@ def _die_with_parent(parent: int) -> None:
 
 
 def serve(cfg: Config) -> None:
-    """A generator process: build the policy, join the job, then answer the learner's commands
-    until STOP (or until the learner is gone)."""
+    """A generator process: build the policy, join the job, then answer the learners' commands
+    until STOP (or until the learners are gone). With several learner ranks every GENERATE and
+    WEIGHTS comes from each of them in turn: their prompts, sampled part by part as sync mode's
+    ranks sample them, and their shards, put together into this process's whole model."""
     from gspo.models import resolve_device
     from gspo.models.routing import RouteTracker, find_routers
-    from gspo.train.run import build_policy, hf_generator, seed_everything, setup_threads
+    from gspo.train.distributed import Dist
+    from gspo.train.run import _vllm_generator, build_policy, hf_generator, seed_everything, setup_threads
 
     spawned = bool(os.environ.get(ROLE_ENV))
     timeout = _timeout(cfg)
@@ -56,6 +59,10 @@ def serve(cfg: Config) -> None:
         _die_with_parent(int(os.environ["GSPO_ASYNC_PARENT"]))
         rank, world = int(os.environ["GSPO_ASYNC_RANK"]), int(os.environ["GSPO_ASYNC_WORLD"])
         store = dist.TCPStore("127.0.0.1", int(os.environ["GSPO_ASYNC_PORT"]), world, is_master=False, timeout=timeout)
+        job = Job(world_size=world, learners=1, rank=rank, store=store)
+    else:
+        job = Job(world_size=int(os.environ["WORLD_SIZE"]), learners=learner_count(cfg), rank=int(os.environ["RANK"]),
+                  store=torchrun_store(cfg))
     device = resolve_device(cfg.model.device)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -63,53 +70,110 @@ def serve(cfg: Config) -> None:
     setup_threads(cfg.threads)
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, device)
-    if spawned:
-        _init_group(store, rank, world, timeout)
+    connect(job, cfg, device)
+    pg, learners = job.pg, range(job.learners)
+    if cfg.rollout.backend == "vllm":  # its engine in this process, fed from `model` after every sync
+        generator = _vllm_generator(cfg, model, tok, Dist(device=device), workdir=cfg.run_dir / f"vllm-{job.rank}")
     else:
-        dist.init_process_group("gloo", timeout=timeout)
-    group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
-    generator = hf_generator(cfg, model, tok)
-    if find_routers(model) and cfg.rollout.decode == "gspo":  # MoE: every rollout carries its routes (R3)
-        generator.routes = RouteTracker(model)
+        generator = hf_generator(cfg, model, tok)
+        if find_routers(model) and cfg.rollout.decode == "gspo":  # MoE: every rollout carries its routes (R3)
+            generator.routes = RouteTracker(model)
     kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
     params = dict(weight_tensors(model, full=True))
     try:
         while True:
-            kind, payload, v = recv_message(0, CMD_TAG)
+            kind, payload, v = recv_message(pg, 0, CMD_TAG)
             if kind == STOP:
+                for r in learners[1:]:
+                    recv_message(pg, r, CMD_TAG)
                 break
-            msg = json.loads(payload)
+            if kind == EVAL:  # from learner 0 alone
+                _evaluate(cfg, model, tok, generator, json.loads(payload), version, pg)
+                continue
+            msgs = [json.loads(payload)] + [_command(pg, r, kind) for r in learners[1:]]
             if kind == WEIGHTS:
                 t0 = time.perf_counter()
-                with torch.no_grad():
-                    for dtype, names in msg["groups"]:
-                        if not msg["flat"]:  # NCCL: straight into the parameter
-                            dist.recv(params[names[0]], 0, group=group)
-                            continue
-                        buf = torch.empty(sum(params[n].numel() for n in names), dtype=getattr(torch, dtype[6:]))
-                        dist.recv(buf, 0, group=group)
-                        for n, part in zip(names, buf.split([params[n].numel() for n in names])):
-                            params[n].copy_(part.view(params[n].shape))
-                version = msg["version"]
+                _receive_weights(job, msgs, params)
+                if cfg.rollout.backend == "vllm":
+                    generator.sync_weights(model)
+                version = msgs[0]["version"]
                 sync_s += time.perf_counter() - t0
                 continue
             t0 = time.perf_counter()
-            faults.in_generator(msg["rollout"])  # tests only
+            faults.in_generator(msgs[0]["rollout"])  # tests only
             try:
-                if msg["version"] != version:
-                    raise RuntimeError(f"asked for rollout {msg['rollout']} with weights {msg['version']}, holds {version}")
-                ro = generator.generate(msg["prompts"], cfg.rollout.group_size, seed=msg["seed"], offset=0)
+                if msgs[0]["version"] != version:
+                    raise RuntimeError(f"asked for rollout {msgs[0]['rollout']} with weights {msgs[0]['version']}, "
+                                       f"holds {version}")
+                parts = [generator.generate(m["prompts"], cfg.rollout.group_size, seed=m["seed"], offset=m["offset"])
+                         for m in msgs]
             except Exception:
-                send_message(ERROR, traceback.format_exc().encode(), 0, ROLLOUT_TAG)
+                for r in learners:
+                    send_message(pg, ERROR, traceback.format_exc().encode(), r, ROLLOUT_TAG)
                 raise
             t1 = time.perf_counter()
-            meta = {"rollout": msg["rollout"], "version": version, "generate_s": t1 - t0, "sync_s": sync_s,
+            meta = {"rollout": msgs[0]["rollout"], "version": version, "generate_s": t1 - t0, "sync_s": sync_s,
                     "idle_s": max(t0 - idle_from - sync_s, 0.0)}
-            send_message(ROLLOUT, encode_rollout(ro, meta), 0, ROLLOUT_TAG)
+            for r, ro in zip(learners, parts):
+                send_message(pg, ROLLOUT, encode_rollout(ro, meta), r, ROLLOUT_TAG)
             sync_s, idle_from = 0.0, time.perf_counter()
     finally:
-        if kind == STOP:
-            dist.destroy_process_group()
+        if hasattr(generator, "close"):
+            generator.close()
+
+
+def _command(pg, src: int, kind: int) -> dict:
+    """Learner `src`'s copy of the command learner 0 just sent (the learners run in step)."""
+    k, payload, _ = recv_message(pg, src, CMD_TAG)
+    if k != kind:
+        raise RuntimeError(f"learner {src} sent command {k} where learner 0 sent {kind}")
+    return json.loads(payload)
+
+
+def _receive_weights(job: Job, msgs: list[dict], params: dict) -> None:
+    """Each learner's part of every tensor (`async_wire.local_part`), in rank order, into place:
+    the parts of ranks 0..L-1, flat and concatenated, are the whole tensor."""
+    filled: dict[str, int] = {}
+    with torch.no_grad():
+        for r, msg in enumerate(msgs):
+            for dtype, names, numels in msg["groups"]:
+                if not sum(numels):
+                    continue
+                if not msg["flat"]:  # NCCL: straight into place
+                    n, k = names[0], numels[0]
+                    o = filled.get(n, 0)
+                    job.weights_pg.recv([params[n].view(-1)[o:o + k]], r, 0).wait()
+                    filled[n] = o + k
+                    continue
+                buf = torch.empty(sum(numels), dtype=getattr(torch, dtype[6:]))
+                job.weights_pg.recv([buf], r, 0).wait()
+                for n, k, part in zip(names, numels, buf.split(numels)):
+                    o = filled.get(n, 0)
+                    params[n].view(-1)[o:o + k].copy_(part)
+                    filled[n] = o + k
+    short = [n for n, k in filled.items() if k != params[n].numel()]
+    if short:
+        raise RuntimeError(f"weights {msgs[0]['version']}: the learners' parts of {short[:3]} do not add up")
+
+
+def _evaluate(cfg: Config, model, tok, generator, req: dict, version: int, pg) -> None:
+    """Held-out completions for learner 0 (`AsyncRollouts.evaluate`): greedy ones from the
+    policy, and with eval.pass_k sampled ones (seeded by the weight version)."""
+    from gspo.rollout import chunk_seed
+    from gspo.train.evaluate import greedy_completions
+
+    try:
+        if req["version"] != version:
+            raise RuntimeError(f"asked to evaluate weights {req['version']}, holds {version}")
+        out = {"greedy": greedy_completions(model, tok, req["prompts"], max_new_tokens=req["max_new_tokens"]),
+               "samples": None, "group_size": 0}
+        if req["pass_k"]:
+            ro = generator.generate(req["prompts"], max(req["pass_k"], 2), seed=chunk_seed(cfg.seed, version, 2))
+            out.update(samples=ro.completions, group_size=ro.group_size)
+    except Exception:
+        send_message(pg, ERROR, traceback.format_exc().encode(), 0, ROLLOUT_TAG)
+        raise
+    send_message(pg, EVAL_RESULT, json.dumps(out).encode(), 0, ROLLOUT_TAG, version)
 
 
 def main() -> None:

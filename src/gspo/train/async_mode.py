@@ -57,8 +57,9 @@ import torch.distributed as dist
 from gspo.config import Config, ConfigError, to_yaml
 from gspo.data import format_prompt
 from gspo.rollout import Rollout, chunk_seed
-from gspo.train.async_wire import (CMD_TAG, ERROR, GENERATE, ROLLOUT_TAG, STOP, WEIGHTS, _dtype_groups, _frame,
-                                   decode_rollout, recv_message, weight_tensors)
+from gspo.train.distributed import Dist
+from gspo.train.async_wire import (CMD_TAG, ERROR, EVAL, EVAL_RESULT, GENERATE, ROLLOUT_TAG, STOP, WEIGHTS, _frame,
+                                   decode_rollout, local_part, recv_message, weight_tensors)
 
 ROLE_ENV = "GSPO_ASYNC_ROLE"  # set for the generator processes that `start_job` spawns
 
@@ -70,32 +71,67 @@ class GeneratorError(RuntimeError):
 # ---------------------------------------------------------------- the job
 
 
+def learner_count(cfg: Config) -> int:
+    """Learner ranks: under torchrun every rank but the last `rollout.generators`; else one."""
+    if "WORLD_SIZE" in os.environ and not os.environ.get(ROLE_ENV):
+        return int(os.environ["WORLD_SIZE"]) - cfg.rollout.generators
+    return 1
+
+
 def is_generator_rank(cfg: Config) -> bool:
     """Under torchrun with rollout.mode=async: is this rank one of the last `generators` ranks?"""
     if cfg.rollout.mode != "async" or "RANK" not in os.environ or os.environ.get(ROLE_ENV):
         return False
-    return int(os.environ["RANK"]) >= int(os.environ["WORLD_SIZE"]) - cfg.rollout.generators
+    return int(os.environ["RANK"]) >= learner_count(cfg)
 
 
 def check_world(cfg: Config) -> None:
-    """Async mode's process count, before anything starts. Under torchrun the job has one
-    learner rank and `rollout.generators` generator ranks; on one machine each generator
-    needs a core of its own besides the learner's."""
+    """Async mode's process count, before anything starts. Under torchrun the job has at least
+    one learner rank besides the `rollout.generators` generator ranks; on one machine each
+    generator needs a core of its own besides the learner's."""
     n = cfg.rollout.generators
     if "WORLD_SIZE" in os.environ and not os.environ.get(ROLE_ENV):
         world = int(os.environ["WORLD_SIZE"])
         if n >= world:
             raise ConfigError(f"config field 'rollout.generators': {n} generators need at least {n + 1} processes "
                               f"(one learner), but torchrun started {world}")
-        if world - n > 1:
-            raise ConfigError(f"config field 'rollout.generators': async mode runs one learner rank; torchrun "
-                              f"started {world} processes for {n} generators (set --nproc-per-node {n + 1}, or "
-                              f"rollout.generators={world - 1})")
         return
     cores = os.cpu_count() or 1
     if n > max(cores - 1, 1) and not torch.cuda.is_available():
         raise ConfigError(f"config field 'rollout.generators': {n} generators and the learner need {n + 1} CPU "
                           f"cores; this machine has {cores}")
+
+
+def torchrun_store(cfg: Config):
+    """The store torchrun's environment names (MASTER_ADDR/PORT), which the job's groups meet at."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=_timeout(cfg)))
+    return store
+
+
+def learner_dist(cfg: Config, device: torch.device) -> tuple[Dist, object]:
+    """A learner rank's `Dist` and (under torchrun) the job's store. The learners' collectives
+    (FSDP2, DDP, metrics, checkpoints) run on a default process group of the learner ranks
+    alone, so that every collective of the trainer's works unchanged; the job's own groups
+    (`connect`) never become a default group, which leaves a generator free to host an engine
+    that starts one of its own (vLLM)."""
+    if "RANK" not in os.environ:
+        return Dist(device=device), None
+    store = torchrun_store(cfg)
+    learners, rank = learner_count(cfg), int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if learners == 1:
+        return Dist(device=device), store
+    backend = cfg.distributed.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    kw = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=dist.PrefixStore("gspo/learners", store), rank=rank,
+                            world_size=learners, timeout=_timeout(cfg), **kw)
+    return Dist(rank=rank, world_size=learners, local_rank=local_rank, strategy=cfg.distributed.strategy,
+                device=device, launched=True), store
 
 
 def _weights_backend(device: torch.device) -> str:
@@ -108,23 +144,26 @@ def _weights_backend(device: torch.device) -> str:
 
 @dataclass
 class Job:
-    """The learner's view of the job: its size, the weights group and (one machine) the
-    generator processes it started and the store they meet at."""
+    """One process's view of the job: its size, the learner ranks (0..learners-1; generators
+    after them), the groups, and (one machine) the generator processes the learner started."""
 
     world_size: int
+    learners: int = 1
+    rank: int = 0
     procs: list = field(default_factory=list)  # subprocess.Popen, one per spawned generator
     store: object = None
-    weights_group: object = None
+    pg: object = None  # commands and rollouts: gloo over the whole job
+    weights_pg: object = None  # weights: gloo, or NCCL between GPUs
     device: torch.device = torch.device("cpu")
 
     def generator_ranks(self) -> list[int]:
-        return list(range(1, self.world_size))
+        return list(range(self.learners, self.world_size))
 
     def dead(self, rank: int) -> str | None:
         """Why generator `rank` is gone (a spawned process that exited), else None."""
         if not self.procs:
             return None
-        p = self.procs[rank - 1]
+        p = self.procs[rank - self.learners]
         code = p.poll()
         if code is None:
             return None
@@ -132,12 +171,13 @@ class Job:
         return f"generator {rank} (pid {p.pid}) {how}"
 
 
-def start_job(cfg: Config, device: torch.device) -> Job:
+def start_job(cfg: Config, device: torch.device, store=None) -> Job:
     """The learner's first step: on one machine, host the store (bound to 127.0.0.1) and start
     the generator processes, which build their policy while the learner builds its own; under
-    torchrun every rank is there already. `connect` then forms the groups."""
+    torchrun every rank is there already (`store`: torchrun's). `connect` then forms the groups."""
     if "RANK" in os.environ:
-        return Job(world_size=int(os.environ["WORLD_SIZE"]))
+        return Job(world_size=int(os.environ["WORLD_SIZE"]), learners=learner_count(cfg),
+                   rank=int(os.environ["RANK"]), store=store)
     world = cfg.rollout.generators + 1
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=_timeout(cfg), wait_for_workers=False)
     text = to_yaml(cfg).encode()
@@ -155,27 +195,29 @@ def start_job(cfg: Config, device: torch.device) -> Job:
 
 
 def connect(job: Job, cfg: Config, device: torch.device) -> None:
-    """Form the default group (gloo: commands and rollouts) and the weights group (gloo on
-    CPU, NCCL on GPU) with every generator."""
+    """Form the job's groups on its store, as objects of their own (never the default group):
+    gloo for commands and rollouts, and gloo on CPU or NCCL on GPU for the weights. The
+    learner watches its spawned generators meanwhile, so that one that fails while it loads
+    stops the start-up at once with its own error."""
     timeout = _timeout(cfg)
-    if job.store is not None:
-        _init_group(job.store, 0, job.world_size, timeout, job)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
-    job.weights_group = dist.new_group(backend=_weights_backend(device), timeout=timeout)
     job.device = device
 
+    def make():
+        job.pg = dist.ProcessGroupGloo(dist.PrefixStore("gspo/job", job.store), job.rank, job.world_size, timeout)
+        backend = _weights_backend(device)
+        wstore = dist.PrefixStore("gspo/weights", job.store)
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            job.weights_pg = dist.ProcessGroupNCCL(wstore, job.rank, job.world_size, opts)
+        else:
+            job.weights_pg = dist.ProcessGroupGloo(wstore, job.rank, job.world_size, timeout)
 
-def _init_group(store, rank: int, world: int, timeout, job: Job | None = None) -> None:
-    """init_process_group on `store`; the learner watches its children meanwhile, so that a
-    generator that fails while it loads stops the start-up at once with its own error."""
-    if job is None or not job.procs:
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    if not job.procs:
+        make()
         return
     done: list = []
-    t = threading.Thread(target=lambda: done.append(
-        _try(lambda: dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout))),
-        daemon=True)
+    t = threading.Thread(target=lambda: done.append(_try(make)), daemon=True)
     t.start()
     while t.is_alive():
         t.join(0.05)
@@ -217,13 +259,17 @@ class _Pending:
 
 
 class AsyncRollouts:
-    """The learner's end of async mode: asks generators for rollouts ahead of time by the fixed
-    schedule, sends them each weight version they need, and hands `produce` the next rollout."""
+    """A learner rank's end of async mode: asks generators for rollouts ahead of time by the
+    fixed schedule, sends them each weight version they need, and hands `produce` the next
+    rollout. With several learner ranks (torchrun, FSDP2 or DDP) every one runs this in step:
+    it asks for its own prompts' groups, sends its own shard of the weights (no rank gathers
+    them), and receives its own part of each rollout."""
 
     def __init__(self, cfg: Config, job: Job, policy, tokenizer, prompts, total: int):
         self.cfg, self.job, self.policy, self.prompts, self.total = cfg, job, policy, prompts, total
         self._tokenizer = tokenizer
-        self.K, self.N = cfg.rollout.max_staleness, job.world_size - 1
+        self.K, self.N, self.rank = cfg.rollout.max_staleness, job.world_size - job.learners, job.rank
+        self.evals: dict[int, dict] = {}  # weight version -> a generator's evaluation completions
         self.pending: dict[int, _Pending] = {}
         self.have: dict[int, int] = {}  # generator rank -> the weight version it holds
         self.sends: list = []  # (generator, rollout, work, tensor) of command sends
@@ -247,7 +293,7 @@ class AsyncRollouts:
         return max(self.start, q - self.K)
 
     def generator_of(self, q: int) -> int:
-        return 1 + q % self.N
+        return self.job.learners + q % self.N
 
     def begin(self, start: int, inflight: dict[int, tuple[Rollout, dict]]) -> None:
         """Start (or resume) at rollout `start` with the current weights as version `start`;
@@ -274,6 +320,7 @@ class AsyncRollouts:
             before = copy.deepcopy(self.prompts.state_dict())
             batch = self.prompts.next_batch()
             req = {"rollout": q, "version": v, "seed": chunk_seed(self.cfg.seed, q),
+                   "offset": self.rank * len(batch) * self.cfg.rollout.group_size,  # as in sync mode
                    "prompts": [format_prompt(r["prompt"], self._tokenizer) for r in batch]}
             with self.cond:  # before the request goes out: the answer may come at once
                 self.pending[q] = _Pending(batch, before, v)
@@ -285,20 +332,31 @@ class AsyncRollouts:
         generator has surely read it (`_release`), tagged with the next rollout index it precedes."""
         head, body = _frame(kind, payload, version)
         for t in (head, body) if len(payload) else (head,):
-            self.sends.append((dst, self.next_q, dist.isend(t, dst, tag=CMD_TAG), t))
+            self.sends.append((dst, self.next_q, self.job.pg.send([t], dst, CMD_TAG), t))
 
     def _send_weights(self, g: int, version: int, full: bool) -> None:
-        """Weights `version` to generator g. Over gloo: one flat host buffer per dtype, a copy
-        (one message instead of one per tensor, ~1 ms each, and the learner may step at once);
-        over NCCL: each parameter itself, which must then stay unchanged until received."""
-        tensors = weight_tensors(self.policy, full)
+        """This rank's part of weights `version` (`async_wire.local_part`: its FSDP2 shards, or
+        everything on one learner) to generator g, which puts the learners' parts together.
+        Over gloo: one flat host buffer per dtype, a copy (one message instead of one per
+        tensor, ~1 ms each, and the learner may step at once); over NCCL: each part itself,
+        which must then stay unchanged until received."""
+        parts = {n: p for n, t in weight_tensors(self.policy, full).items()
+                 if (p := local_part(t.detach(), self.rank)) is not None}
         t0 = time.perf_counter()
         flat = not self.nccl
-        groups = _dtype_groups(tensors) if flat else [[str(t.dtype), [n]] for n, t in tensors.items()]
+        groups: dict[str, list] = {}
+        for n, t in parts.items():  # [dtype, names, numels] per message
+            key = str(t.dtype) if flat else n
+            groups.setdefault(key, [str(t.dtype), [], []])
+            groups[key][1].append(n)
+            groups[key][2].append(t.numel())
+        groups = list(groups.values())
         self._post(WEIGHTS, json.dumps({"version": version, "groups": groups, "flat": flat}).encode(), g, version)
-        for _, names in groups:
-            t = torch.cat([tensors[n].detach().reshape(-1).cpu() for n in names]) if flat else tensors[names[0]]
-            work = dist.isend(t, g, group=self.job.weights_group)
+        for _, names, numels in groups:
+            if not sum(numels):
+                continue
+            t = torch.cat([parts[n].reshape(-1).cpu() for n in names]) if flat else parts[names[0]]
+            work = self.job.weights_pg.send([t], g, 0)
             (self.copied_sends if flat else self.weight_sends).append((g, version, work, t))
             self.sync_bytes += t.numel() * t.element_size()
         self.have[g] = version
@@ -360,12 +418,17 @@ class AsyncRollouts:
         generator never blocks on a send while the learner waits for something else)."""
         try:
             while True:
-                kind, data, _ = recv_message(g, ROLLOUT_TAG)
+                kind, data, version = recv_message(self.job.pg, g, ROLLOUT_TAG)
                 if kind == ERROR:
                     with self.cond:
                         self.failed[g] = data.decode(errors="replace")
                         self.cond.notify_all()
                     return
+                if kind == EVAL_RESULT:
+                    with self.cond:
+                        self.evals[version] = json.loads(data)
+                        self.cond.notify_all()
+                    continue
                 ro, meta = decode_rollout(data)
                 with self.cond:
                     self.pending[meta["rollout"]].rollout, self.pending[meta["rollout"]].meta = ro, meta
@@ -410,6 +473,26 @@ class AsyncRollouts:
         return (f"the run stopped; its last checkpoint in {self.cfg.run_dir / 'checkpoints'} is intact: "
                 f"resume with resume=auto")
 
+    # evaluation
+    def evaluate(self, version: int, prompts: list[str], *, max_new_tokens: int, pass_k: int) -> dict:
+        """Held-out completions under weights `version` (the learner's current ones), computed
+        by a generator, so that no learner rank needs the whole model: every learner rank calls
+        this (each sends its part of the weights if that generator lacks them); rank 0 asks
+        and gets {"greedy": [...], "samples": [...] or None, "group_size": n}, the others {}."""
+        g = self.generator_of(version + self.K)  # the one that samples with these weights next
+        if self.have.get(g) != version:
+            self._send_weights(g, version, full=False)
+        if self.rank != 0:
+            return {}
+        req = {"version": version, "prompts": prompts, "max_new_tokens": max_new_tokens, "pass_k": pass_k}
+        self._post(EVAL, json.dumps(req).encode(), g, version)
+        self._wait(lambda: self._until(lambda: version in self.evals or g in self.failed), "evaluate", g)
+        if version not in self.evals:
+            self.failed_run = True
+            raise GeneratorError(f"generator {g} failed while evaluating:\n{self.failed[g]}")
+        self.copied_sends = _drop_done(self.copied_sends, lambda e: e[0] == g and e[1] <= version)
+        return self.evals.pop(version)
+
     # checkpoints
     def stream_state(self, q: int) -> dict:
         """The prompt stream's position before rollout q's prompts were drawn."""
@@ -453,9 +536,9 @@ def _drop_done(sends: list, done) -> list:
 
 
 def close_job(job: Job, grace_s: float = 10.0, clean: bool = True) -> None:
-    """Wait for (then kill) the spawned generators and leave the process group, unless an
-    operation on it may still be pending (`clean` False, or a generator died): destroying the
-    group under a blocked receive aborts the process, which is about to exit anyway."""
+    """Wait for (then kill) the spawned generators and let go of the job's groups, unless an
+    operation on them may still be pending (`clean` False, or a generator died): tearing a
+    group down under a blocked receive aborts the process, which is about to exit anyway."""
     deadline = time.monotonic() + grace_s
     for p in job.procs:
         try:
@@ -463,5 +546,5 @@ def close_job(job: Job, grace_s: float = 10.0, clean: bool = True) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    if dist.is_initialized() and clean and not any(p.returncode not in (0, None) for p in job.procs):
-        dist.destroy_process_group()
+    if clean and not any(p.returncode not in (0, None) for p in job.procs):
+        job.pg = job.weights_pg = None

@@ -1,5 +1,5 @@
-"""Async mode's messages (`gspo.train.async_mode`): command and rollout frames over
-torch.distributed p2p, a rollout as safetensors bytes (its texts and timings as JSON in a
+"""Async mode's messages (`gspo.train.async_mode`): command and rollout frames over the
+job's own process group (a torch.distributed backend object, `pg`; p2p), a rollout as safetensors bytes (its texts and timings as JSON in a
 uint8 tensor; nothing is unpickled), the tensors a weight sync sends, and the rollouts in
 flight that a checkpoint holds."""
 
@@ -9,11 +9,10 @@ import json
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from gspo.rollout import Rollout
 
-GENERATE, WEIGHTS, STOP, ROLLOUT, ERROR = 1, 2, 3, 4, 5
+GENERATE, WEIGHTS, STOP, ROLLOUT, ERROR, EVAL, EVAL_RESULT = 1, 2, 3, 4, 5, 6, 7
 CMD_TAG, ROLLOUT_TAG = 11, 12
 INFLIGHT_DIR = "inflight"
 
@@ -24,20 +23,20 @@ def _frame(kind: int, payload: bytes, version: int = 0) -> tuple[torch.Tensor, t
     return head, body
 
 
-def send_message(kind: int, payload: bytes, dst: int, tag: int, version: int = 0) -> None:
+def send_message(pg, kind: int, payload: bytes, dst: int, tag: int, version: int = 0) -> None:
     head, body = _frame(kind, payload, version)
-    dist.send(head, dst, tag=tag)
+    pg.send([head], dst, tag).wait()
     if len(payload):
-        dist.send(body, dst, tag=tag)
+        pg.send([body], dst, tag).wait()
 
 
-def recv_message(src: int, tag: int) -> tuple[int, bytes, int]:
+def recv_message(pg, src: int, tag: int) -> tuple[int, bytes, int]:
     head = torch.zeros(3, dtype=torch.int64)
-    dist.recv(head, src, tag=tag)
+    pg.recv([head], src, tag).wait()
     kind, n, version = (int(x) for x in head)
     body = torch.zeros(n, dtype=torch.uint8)
     if n:
-        dist.recv(body, src, tag=tag)
+        pg.recv([body], src, tag).wait()
     return kind, body.numpy().tobytes(), version
 
 
@@ -68,36 +67,48 @@ def decode_rollout(data: bytes) -> tuple[Rollout, dict]:
     return ro, text["meta"]
 
 
-def _dtype_groups(tensors: dict[str, torch.Tensor]) -> list[list]:
-    """[[dtype name, [tensor names]], ...]: the tensors of each dtype, in their order."""
-    groups: dict[str, list[str]] = {}
-    for n, t in tensors.items():
-        groups.setdefault(str(t.dtype), []).append(n)
-    return [[d, names] for d, names in groups.items()]
-
-
 def weight_tensors(model, full: bool) -> dict[str, torch.Tensor]:
     """What a weight sync sends: every parameter and floating buffer (`full`), else the
-    trainable parameters (all others never change). The tensors themselves, not copies."""
+    trainable parameters (all others never change). The tensors themselves, not copies; under
+    FSDP2 each parameter is a DTensor (`local_part` gives this rank's share)."""
     out = {n: p.data for n, p in model.named_parameters() if full or p.requires_grad}
     if full:
         out.update({n: b for n, b in model.named_buffers() if b.is_floating_point()})
     return out
 
 
-def save_inflight(path: Path, inflight: dict[int, tuple[Rollout, dict]]) -> None:
+def local_part(t: torch.Tensor, rank: int) -> torch.Tensor | None:
+    """This learner's part of a weight: its shard of an FSDP2 parameter (rows of dim 0, in rank
+    order: the parts of ranks 0..L-1 concatenated, flat, are the whole tensor), all of an
+    unsharded one on rank 0, and nothing (None) of an unsharded one on the other ranks."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return t.to_local().contiguous()
+    return t if rank == 0 else None
+
+
+def save_inflight(path: Path, inflight: dict[int, tuple[Rollout, dict]], rank: int = 0) -> None:
+    """Each learner rank's part of the rollouts in flight, one file each (`rollout-Q.safetensors`
+    on rank 0, `rollout-Q.rank-R.safetensors` on rank R)."""
     if not inflight:
         return
-    (path / INFLIGHT_DIR).mkdir()
+    (path / INFLIGHT_DIR).mkdir(exist_ok=True)
     for q, (ro, meta) in inflight.items():
-        (path / INFLIGHT_DIR / f"rollout-{q}.safetensors").write_bytes(encode_rollout(ro, meta))
+        (path / INFLIGHT_DIR / _inflight_name(q, rank)).write_bytes(encode_rollout(ro, meta))
 
 
-def load_inflight(path: Path) -> dict[int, tuple[Rollout, dict]]:
+def _inflight_name(q: int | str, rank: int) -> str:
+    return f"rollout-{q}.safetensors" if rank == 0 else f"rollout-{q}.rank-{rank}.safetensors"
+
+
+def load_inflight(path: Path, rank: int = 0) -> dict[int, tuple[Rollout, dict]]:
     d = path / INFLIGHT_DIR
     out = {}
     if d.is_dir():
-        for f in d.glob("rollout-*.safetensors"):
+        for f in d.glob(_inflight_name("*", rank)):
+            if rank == 0 and ".rank-" in f.name:
+                continue
             ro, meta = decode_rollout(f.read_bytes())
             out[int(meta["rollout"])] = (ro, meta)
     return out

@@ -216,8 +216,8 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
     own RNG state and its part of ``write_state(tmp_dir)`` (a sharded model + optimizer writer;
     without one, rank 0 writes the plain files); rank 0 then writes the rest and publishes the
     checkpoint. The run directory must be one filesystem that all ranks see. ``write_extra(tmp_dir)``,
-    when given, lets rank 0 add files of its own (async mode's rollouts in flight); the manifest
-    covers them like the rest.
+    when given, lets every rank add files of its own (async mode's rollouts in flight, each learner
+    rank its part); the manifest covers them like the rest.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -244,7 +244,7 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
         if comm is not None:
             comm.barrier()
         _write_state_files(tmp, step, model, optimizer, rng, trainable_only, write_state, rank)
-        if write_extra is not None and rank == 0:
+        if write_extra is not None:
             write_extra(tmp)
         if comm is not None:
             comm.barrier()
@@ -464,7 +464,7 @@ def save_run(run, state) -> Path:
         from gspo.train.async_wire import save_inflight
 
         inflight = run.remote.inflight(state.rollout)
-        extra = lambda p: save_inflight(p, inflight)  # noqa: E731
+        extra = lambda p: save_inflight(p, inflight, d.rank)  # noqa: E731
     return save_checkpoint(cfg.run_dir, state.step, model=run.policy, optimizer=run.optimizer,
                            scheduler=run.scheduler, trainer_state=asdict(state), config_text=to_yaml(cfg),
                            keep_last=cfg.checkpoint.keep_last, trainable_only=cfg.lora.enabled and not sharded,
@@ -486,12 +486,30 @@ def restore_run(run, path: Path) -> dict:
     return state
 
 
+def _gathered_policy(run):
+    """Every rank: the sharded policy's full weights, loaded into a fresh CPU copy on rank 0
+    (None elsewhere): what async mode with FSDP2 writes as final/."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from gspo.train.run import build_policy
+
+    full = get_model_state_dict(run.trainer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not run.dist.is_main:
+        return None
+    model, _ = build_policy(run.cfg, torch.device("cpu"))
+    prefix = "policy."
+    model.load_state_dict({k[len(prefix):]: v for k, v in full.items()}, strict=True)
+    return model
+
+
 def save_final(run) -> Path:
     """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
     tokenizer; with LoRA also the adapters alone in final/adapter."""
     out = run.cfg.run_dir / "final"
+    model = run.generator_model  # full weights on every strategy (pushed after the last update)
+    if run.remote is not None and run.dist.enabled and run.dist.strategy == "fsdp":
+        model = _gathered_policy(run)  # async mode keeps no full copy: gather one, on rank 0 alone
     if run.dist.is_main:
-        model = run.generator_model  # full weights on every strategy (pushed after the last update)
         if run.cfg.lora.enabled:
             model.save_pretrained(out / "adapter", safe_serialization=True)
             if run.cfg.lora.merge_final:

@@ -52,32 +52,57 @@ def _score(runner, rows: list[dict], completions: list, repeat: int) -> torch.Te
 
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
-             generator=None, chat: bool = False) -> dict:
-    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked."""
+             generator=None, chat: bool = False, complete=None) -> dict:
+    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked.
+    `complete(texts, pass_k) -> (greedy, samples or None, samples per prompt)` computes the
+    completions elsewhere (async mode: on a generator); by default `model` and `generator` here."""
     texts = [format_prompt(r["prompt"], tokenizer) for r in rows]
-    comps = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
+    if complete is None:
+        def complete(texts: list[str], k: int):
+            greedy = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
+            if not (k and generator is not None):
+                return greedy, None, 0
+            ro = generator.generate(texts, max(k, 2))
+            return greedy, ro.completions, ro.group_size
+
+    comps, samples, n = complete(texts, pass_k)
     wrap = (lambda c: [{"role": "assistant", "content": c}]) if chat else (lambda c: c)
     total, first = _score(runner, rows, [wrap(c) for c in comps], 1)
     ok = first >= 1.0 - 1e-9
     m = {"eval/accuracy": ok.float().mean().item(),
          "eval/reward_mean": torch.nanmean(total).item()}
-    if pass_k and generator is not None:
-        ro = generator.generate(texts, max(pass_k, 2))
-        _, first_k = _score(runner, rows, [wrap(c) for c in ro.completions], ro.group_size)
-        n = ro.group_size
+    if samples is not None:
+        _, first_k = _score(runner, rows, [wrap(c) for c in samples], n)
         correct = (first_k >= 1.0 - 1e-9).view(len(rows), n).sum(-1)
         m[f"eval/pass@{pass_k}"] = sum(pass_at_k(n, int(c), pass_k) for c in correct) / len(rows)
     return m
 
 
-def evaluate_run(run) -> dict:
-    """A training run's held-out metrics (`gspo.train.run.Run`), computed by rank 0 alone (other
-    ranks return {}), on the generator's copy of the weights (full on every strategy)."""
-    if not run.eval_rows or not run.dist.is_main:
+def evaluate_run(run, version: int = 0) -> dict:
+    """A training run's held-out metrics (`gspo.train.run.Run`) under weights `version`, logged
+    by rank 0 alone (other ranks return {}), computed on the generator's copy of the weights
+    (full on every strategy); in async mode with FSDP2, where no learner rank holds them all, on
+    a generator process, which every learner rank sends its part of the weights (so every rank
+    calls this)."""
+    if not run.eval_rows:
+        return {}
+    cfg = run.cfg
+    if run.remote is not None and run.dist.enabled and run.dist.strategy == "fsdp":  # no full copy here
+        kw = dict(max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k)
+        if not run.dist.is_main:
+            run.remote.evaluate(version, [], **kw)
+            return {}
+
+        def complete(texts: list[str], k: int):
+            out = run.remote.evaluate(version, texts, **kw)
+            return out["greedy"], out["samples"], out["group_size"]
+
+        return evaluate(None, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards, chat=run.chat,
+                        complete=complete, **kw)
+    if not run.dist.is_main:
         return {}
     from gspo.train.run import hf_generator
 
-    cfg = run.cfg
     generator = run.generator
     if cfg.rollout.backend == "vllm" and run.dist.world_size > 1:
         # vLLM's data-parallel ranks step together: rank 0 cannot sample alone

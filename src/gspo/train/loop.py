@@ -372,7 +372,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     inflight = {}
     if run.resume_from is not None:
         state = TrainerState(**checkpoint.restore_run(run, run.resume_from))
-        inflight = load_inflight(run.resume_from) if run.remote is not None else {}
+        inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
         if state.finished:
             if d.is_main:
                 print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
@@ -389,8 +389,10 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
         if run.remote is not None:
             run.remote.begin(state.rollout, inflight)  # the generators start on what the schedule needs
         with _StopRequest() as stop:
-            if state.rollout == 0 and cfg.eval.enabled and sinks:
-                sinks.write({"step": 0, "rollout": 0, **evaluate_run(run)})  # the starting point
+            if state.rollout == 0 and cfg.eval.enabled:
+                start = evaluate_run(run, 0)  # the starting point
+                if sinks:
+                    sinks.write({"step": 0, "rollout": 0, **start})
             while state.rollout < total:
                 t_step = time.perf_counter()
                 scored = produce(run, state)                                    # 1. episodes, rewards
@@ -402,7 +404,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 else:
                     state.prompts = run.prompts.state_dict()
                 due = cfg.eval.every and state.rollout % cfg.eval.every == 0
-                eval_metrics = evaluate_run(run) if cfg.eval.enabled and (due or state.rollout == total) else {}
+                eval_metrics = evaluate_run(run, state.rollout) if cfg.eval.enabled and (due or state.rollout == total) else {}
                 log_step(run, sinks, console, state, scored, steps,             # 3. log
                          {**info, "time/step": time.perf_counter() - t_step}, eval_metrics)
                 stop_now = any_process(stop.signum or 0, d.all_reduce)

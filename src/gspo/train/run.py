@@ -207,10 +207,16 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
         return r.old_logp
     if r.mode == "async":  # the sampler's, as the paper takes the engine's (section 5.4); a MoE's routes come
         # from gspo's decode loop (R3), else from the trainer's pass
-        return "sampler" if r.decode == "gspo" or not (has_routers or cfg.algo.routing_replay) else "trainer"
+        return "sampler" if records_routes(cfg) or not (has_routers or cfg.algo.routing_replay) else "trainer"
     same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
                     and not cfg.model.dropout)
     return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
+
+
+def records_routes(cfg: Config) -> bool:
+    """Can the sampler record a MoE's routes as it samples (R3)? gspo's decode loop can; HF's
+    generate and vLLM cannot."""
+    return cfg.rollout.backend == "hf" and cfg.rollout.decode == "gspo"
 
 
 def resolve_correction(cfg: Config, old_logp: str) -> str:
@@ -247,7 +253,7 @@ def hf_generator(cfg: Config, model, tok) -> HFGenerator:
                        engine="hf" if r.decode == "generate" else "gspo")
 
 
-def _vllm_generator(cfg: Config, model, tok, d: Dist):
+def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = None):
     """A colocated vLLM engine holding `model`'s weights (LoRA merged); it gets the trainer's
     new weights through `push_weights` after every update. Under torchrun every process runs
     its own engine on its own prompts (a vLLM data-parallel rank); under FSDP2 it is fed from
@@ -260,7 +266,7 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist):
         max_len = cfg.data.max_prompt_tokens + r.max_new_tokens
         cap = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         max_len = min(max_len, cap) if isinstance(cap, int) and cap > 0 else max_len
-    return VLLMGenerator(model, tok, workdir=cfg.run_dir / "vllm", temperature=r.temperature, top_p=r.top_p,
+    return VLLMGenerator(model, tok, workdir=workdir or cfg.run_dir / "vllm", temperature=r.temperature, top_p=r.top_p,
                          top_k=r.top_k, max_new_tokens=r.max_new_tokens, max_model_len=max_len,
                          gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, dtype=v.dtype,
                          enforce_eager=v.enforce_eager, kv_cache_gb=v.kv_cache_gb, seed=cfg.seed,
@@ -271,9 +277,10 @@ def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
     asynchronous = cfg.rollout.mode == "async"
-    if asynchronous:  # the learner is one process; its job with the generators is async_mode's
+    store = None
+    if asynchronous:  # the learner ranks' own group; their job with the generators is async_mode's
         async_mode.check_world(cfg)
-        d = Dist(device=resolve_device(cfg.model.device))
+        d, store = async_mode.learner_dist(cfg, resolve_device(cfg.model.device))
     else:
         d = distributed.init_distributed(cfg.distributed.strategy, resolve_device(cfg.model.device),
                                          cfg.distributed.backend, cfg.distributed.timeout_s)
@@ -296,7 +303,7 @@ def build_run(cfg: Config) -> Run:
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list)
-    job = async_mode.start_job(cfg, d.device) if asynchronous else None  # generators load as the learner does
+    job = async_mode.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
     rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens)
@@ -313,11 +320,12 @@ def build_run(cfg: Config) -> Run:
     prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
                            rank=d.rank, world_size=d.world_size)
     mp = cfg.model.mixed_precision == "bf16"
-    generator_model = distributed.generator_copy(model, d) or model
+    # async mode samples on the generators: the learners hold no copy and no engine of their own
+    generator_model = model if asynchronous else distributed.generator_copy(model, d) or model
     old_logp = resolve_old_logp(cfg, has_routers=bool(find_routers(model)))
     cfg.algo.mismatch_correction = resolve_correction(cfg, old_logp)
     # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
-    sampler_routes = asynchronous and old_logp == "sampler" and r.decode == "gspo"  # R3: recorded by the generators
+    sampler_routes = asynchronous and old_logp == "sampler" and records_routes(cfg)  # R3: recorded by the generators
     routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
@@ -326,7 +334,7 @@ def build_run(cfg: Config) -> Run:
                             autocast_dtype=autocast, share_prompt=cfg.model.share_prompt)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
-    if r.backend == "vllm":
+    if r.backend == "vllm" and not asynchronous:  # (async: the engines run on the generators)
         generator = _vllm_generator(cfg, generator_model, tok, d)
     else:
         generator = hf_generator(cfg, generator_model, tok)
