@@ -194,11 +194,11 @@ def test_torchrun_assigns_the_last_ranks_to_generators(runs, tmp_path):
     assert_same_params(runs / "k2", tmp_path / "run")
 
 
-def torchrun(out: Path, name: str, nproc: int, *extra: str) -> Path:
+def torchrun(out: Path, name: str, nproc: int, *extra: str, faults: str = "", rc: int = 0) -> Path:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "gspo", "train", *TINY, f"output.dir={out}", f"output.name={name}", *extra]
-    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run(cmd, env=_env(faults), capture_output=True, text=True, timeout=300)
+    assert (p.returncode == 0) == (rc == 0), p.stderr[-3000:]
     return out / name
 
 
@@ -214,6 +214,20 @@ def test_two_fsdp_learners_and_a_generator_train_what_sync_fsdp_trains(tmp_path)
     ev = lambda d: [{k: v for k, v in r.items() if k.startswith("eval/")} for r in comparable(d) if "eval/accuracy" in r]
     assert len(ev(run)) == 3 and ev(run) == ev(sync)  # rollouts 0, 2 and 4
     assert comparable(run) == comparable(sync)
+
+
+def test_two_fsdp_learners_resume_exactly_with_their_parts_of_the_rollouts_in_flight(tmp_path):
+    """K = 2 with two FSDP2 learners: a job that dies after rollout 2 leaves each learner's
+    part of rollouts 3 and 4 in its checkpoint; resumed, it trains what the uninterrupted job did."""
+    args = ["distributed.strategy=fsdp", *ASYNC, "rollout.max_staleness=2"]
+    whole = torchrun(tmp_path, "whole", 3, *args)
+    run = torchrun(tmp_path, "run", 3, *args, faults="exit_after_rollout=2", rc=1)
+    ck = find_resume_checkpoint(run)
+    assert sorted(f.name for f in (ck / "inflight").iterdir()) == [
+        "rollout-2.rank-1.safetensors", "rollout-2.safetensors", "rollout-3.rank-1.safetensors", "rollout-3.safetensors"]
+    torchrun(tmp_path, "run", 3, *args, "resume=auto")
+    assert_same_params(whole, run)
+    assert comparable(whole) == comparable(run)
 
 
 def test_rollout_messages_round_trip():
