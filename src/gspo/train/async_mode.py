@@ -1,16 +1,16 @@
 """Async mode (`rollout.mode=async`): generator processes sample the next rollouts while the
 learner trains on the current one, in one `torch.distributed` job.
 
-Roles. Rank 0 is the learner; ranks 1..N are generators (`rollout.generators=N`). On one
-machine `gspo train` starts the N generator processes itself (`start_job`); under torchrun
-the last N ranks of the job are the generators (one learner rank: async mode does not shard
-the learner yet). Every generator builds the policy from the same config and samples with
-the hf backend's `HFGenerator`, which with the same weights and seed draws the very tokens
-that sync mode draws. (vLLM is not a generator role yet: its in-process engine starts a
-process group of its own, which cannot coexist with the job's; `rollout.backend=vllm` is
-refused in async mode.)
+Roles. The first L ranks are learners, the last N generators (`rollout.generators=N`). On
+one machine `gspo train` is the one learner and starts the N generator processes itself
+(`start_job`); under torchrun every rank but the last N learns, L > 1 of them sharded by FSDP2
+(or replicated by DDP) on a default group of their own (`learner_dist`). The job's groups
+are objects made on its store, never a default group (`connect`). Every generator builds the
+policy from the same config and samples with the hf backend's `HFGenerator`, which with the
+same weights and seed draws the very tokens that sync mode draws, or with a vLLM engine in
+its own process (`rollout.backend=vllm`), which no default group of ours stands in the way of.
 
-The schedule is fixed, not a race: rollout q is sampled by generator q mod N with the
+The schedule is fixed, not a race: rollout q is sampled by generator L + q mod N with the
 weights after rollout need(q) = max(start, q - K), K = `rollout.max_staleness`, `start` the
 rollout the run began (or resumed) at. So every rollout's staleness is known in advance
 (min(q - start, K)), a run is the same whatever the timing, K = 0 is sync mode computed on
@@ -19,14 +19,16 @@ another process, and a generator that would be more than K versions behind waits
 Messages (`gspo.train.async_wire`; all over `torch.distributed`, never files; the
 generator's side of them is `gspo.train.async_generator`):
 
-- learner -> generator, on the default (gloo) group: a command header (kind, payload bytes,
-  version) and a JSON payload: GENERATE (rollout, seed, prompts), WEIGHTS (version, tensor
-  names) or STOP. WEIGHTS is followed by the tensors over the weights group: every parameter
-  and floating buffer on the first sync, the trainable parameters after that. Over gloo they
+- learner -> generator, on the job's gloo group: a command header (kind, payload bytes,
+  version) and a JSON payload: GENERATE (rollout, seed, prompts, row offset), WEIGHTS
+  (version, tensor names and sizes), EVAL (learner 0, under FSDP2) or STOP; every learner
+  sends its own GENERATE and WEIGHTS. WEIGHTS is followed by the learner's part of the
+  tensors (its FSDP2 shards) over the weights group: every parameter and floating buffer on
+  the first sync, the trainable parameters after that. Over gloo they
   go as one flat host copy per dtype, released once the generator has sampled with them;
   over NCCL (a GPU per rank) as the parameters themselves, which the learner leaves
   untouched until they are received (`finish_sends`, before the next update).
-- generator -> learner: ROLLOUT, a safetensors payload (the rollout's tensors, and its texts
+- generator -> learner: ROLLOUT (or EVAL_RESULT), a safetensors payload (the rollout's tensors, and its texts
   and timings as JSON in a uint8 tensor; nothing is unpickled), or ERROR with a traceback.
 
 Faults. The learner waits for any message with a deadline (`rollout.generator_timeout_s`)
