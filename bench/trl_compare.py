@@ -96,6 +96,25 @@ DEFAULT_WORKLOADS = ["tiny-dense", "tiny-moe", "compute-dense", "tiny-dense-p128
 SCHEDULE = {"tiny-dense": (2, 4, 3), "tiny-moe": (2, 4, 3), "compute-dense": (1, 2, 3), "compute-moe": (1, 2, 3),
             "tiny-dense-p128": (2, 4, 3), "tiny-moe-p128": (2, 4, 3),
             "compute-dense-p128": (1, 2, 3)}
+# The grid (issue 17): a spread of rollout shapes, not a chosen workload. Rows B*G from 32 to
+# 256, prompts of ~8 (arithmetic) or ~130 tokens (prefix), completions of 16 to 128 tokens,
+# dense and MoE, and two kinds of random model: the usual 1000 filler characters, whose EOS is
+# rare (completions run to T), and a 16-filler vocabulary (`filler`), whose EOS comes about
+# once in 35 tokens (completions end early and vary in length, as a warmed-up model's do).
+TINY_D = dict(hidden=128, layers=2, heads=4, kv_heads=2, inter=128, moe=False)
+TINY_M = dict(TINY_D, moe=True)
+GRID: dict[str, dict] = {
+    "g-dense-32r-p8-t16": dict(TINY_D, B=4, G=8, T=16),
+    "g-moe-32r-p8-t16": dict(TINY_M, B=4, G=8, T=16),
+    "g-dense-128r-p8-t32": dict(TINY_D, B=16, G=8, T=32),
+    "g-dense-64r-p128-t64-eos": dict(TINY_D, B=8, G=8, T=64, prefix=122, filler=16),
+    "g-moe-128r-p128-t32": dict(TINY_M, B=16, G=8, T=32, prefix=122),
+    "g-dense-256r-p8-t128-eos": dict(TINY_D, B=32, G=8, T=128, filler=16),
+    "g-moe-64r-p8-t128-eos": dict(TINY_M, B=8, G=8, T=128, filler=16),
+    "g-32m-32r-p8-t64": dict(WORKLOADS["compute-dense"], B=4, G=8, T=64),
+}
+WORKLOADS.update(GRID)
+SCHEDULE.update({n: (1, 2, 2) for n in GRID})
 QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
 M = 4  # optimizer steps (minibatches) per rollout
 LR = 1e-5
@@ -116,15 +135,15 @@ def bench_reward(prompts, completions, **kwargs) -> list[float]:
 # ---------------------------------------------------------------- models
 
 
-def tokenizer_chars() -> str:
+def tokenizer_chars(filler: int = FILLER_CHARS) -> str:
     from gspo.tasks import TASK_CHARS
 
-    return "".join(sorted(TASK_CHARS)) + "".join(chr(0x4E00 + i) for i in range(FILLER_CHARS))
+    return "".join(sorted(TASK_CHARS)) + "".join(chr(0x4E00 + i) for i in range(filler))
 
 
-def instruction(n: int) -> str:
+def instruction(n: int, filler: int = FILLER_CHARS) -> str:
     """A fixed `n`-character instruction (one token per character) put before every prompt."""
-    return "".join(chr(0x4E00 + (37 * i) % FILLER_CHARS) for i in range(n))
+    return "".join(chr(0x4E00 + (37 * i) % filler) for i in range(n))
 
 
 def build_model_dir(path: Path, w: dict) -> dict:
@@ -133,14 +152,15 @@ def build_model_dir(path: Path, w: dict) -> dict:
     from gspo.tasks import arithmetic
     from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
-    tok = build_char_tokenizer(tokenizer_chars())
+    filler = w.get("filler", FILLER_CHARS)
+    tok = build_char_tokenizer(tokenizer_chars(filler))
     model = build_tiny_model(tok, hidden_size=w["hidden"], num_layers=w["layers"], num_heads=w["heads"],
                              num_kv_heads=w["kv_heads"], intermediate_size=w["inter"], moe=w["moe"], seed=SEED,
                              max_position_embeddings=max(128, 32 + w.get("prefix", 0) + w["T"]))
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     if w.get("prefix"):
-        head = instruction(w["prefix"])
+        head = instruction(w["prefix"], filler)
         rows = [{"prompt": head + r["prompt"], "answer": r["answer"]} for r in arithmetic(NUM_PROMPTS, seed=SEED)]
         (path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tok)}
@@ -180,6 +200,7 @@ def trl_available() -> str | None:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=None)
+    ap.add_argument("--grid", action="store_true", help="the workload grid (GRID, ~40 min); median and worst reported")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default per workload)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed rollouts per cell (default per workload)")
     ap.add_argument("--rollouts", type=int, default=None, help="timed rollouts per cell (default per workload)")
@@ -200,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         workloads = {"quick": QUICK}
         sched = {"quick": (1, 2, 1)}
     else:
-        names = a.workloads or DEFAULT_WORKLOADS
+        names = a.workloads or (list(GRID) if a.grid else DEFAULT_WORKLOADS)
         workloads = {n: WORKLOADS[n] for n in names}
         sched = {n: SCHEDULE[n] for n in names}
     sys.path.insert(0, str(ROOT / "src"))
@@ -230,7 +251,16 @@ def main(argv: list[str] | None = None) -> dict:
                 cells.append(row)
             results["workloads"][name] = _summarise(name, w, info, spec, cells, frameworks)
     results["wall_s"] = time.perf_counter() - t_all
+    ratios = [w["ratio_trl_over_gspo"] for w in results["workloads"].values() if "ratio_trl_over_gspo" in w]
+    if ratios:
+        worst = min(results["workloads"], key=lambda n: results["workloads"][n].get("ratio_trl_over_gspo", 1e9))
+        results["summary"] = {"cells": len(ratios), "median_ratio": statistics.median(ratios),
+                              "worst_ratio": min(ratios), "worst_cell": worst, "best_ratio": max(ratios)}
     print(format_table(results))
+    if "summary" in results:
+        sm = results["summary"]
+        print(f"TRL/gspo over {sm['cells']} cells: median {sm['median_ratio']:.2f}x, worst {sm['worst_ratio']:.2f}x "
+              f"({sm['worst_cell']}), best {sm['best_ratio']:.2f}x")
     if a.profile:
         for name, wres in results["workloads"].items():
             for fw in frameworks:
