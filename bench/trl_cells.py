@@ -116,7 +116,7 @@ def run_trl(spec: dict) -> dict:
     total = spec["warmup"] + spec["rollouts"]
     phases, marks, snaps, tokens = _Phases(), _Marks(spec), [], []
     t0 = time.perf_counter()
-    torch.set_num_threads(1)
+    torch.set_num_threads(spec.get("trl_threads", 1))
     prompts = _prompt_order(spec, total)
     ds = Dataset.from_dict({"prompt": prompts})
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
@@ -160,7 +160,7 @@ def run_trl(spec: dict) -> dict:
 
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds,
                               processing_class=tok, callbacks=[Timer()])
-        torch.set_num_threads(1)
+        torch.set_num_threads(spec.get("trl_threads", 1))
         trainer._generate_single_turn = phases.wrap("generate", trainer._generate_single_turn)
         trainer._calculate_rewards = phases.wrap("score", trainer._calculate_rewards)
         logps = trainer._get_per_token_logps_and_entropies
