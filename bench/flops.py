@@ -1,10 +1,13 @@
-"""FLOP/s of a GSPO training step's phases against this machine's measured fp32 matmul peak.
+"""FLOP/s of a GSPO training step's phases against this machine's measured matmul peak of the
+precision each phase runs in (fp32, or bf16 under rollout.mixed_precision / model.mixed_precision).
 
     python bench/flops.py                                 # hidden 1024, 4 layers, 64 x 128 tokens (~2.5 min)
     python bench/flops.py --quick                         # seconds: the test's smoke run
     python bench/flops.py --out flops.json tiny.num_layers=6   # key=value overrides, as bench/step.py
+    python bench/flops.py model.mixed_precision=bf16 rollout.mixed_precision=bf16   # the bf16 step
 
-(a) Matmul peak. fp32 `torch.mm` at the shapes the measured model runs (tokens x hidden times
+(a) Matmul peaks. fp32 and bf16 `torch.mm` (both measured in the same run; bf16 runs on AMX
+where the CPU has it) at the shapes the measured model runs (tokens x hidden times
 hidden x {hidden, hidden/2 (k, v), intermediate}, intermediate x hidden, their backward
 counterparts dX = dY W and dW = X^T dY, and the LM head), plus (2048 x hidden) x (hidden x
 4 hidden) and a 2048^3 square, with the torch thread count the step runs with (the library
@@ -46,7 +49,8 @@ torch.utils.flop_counter.FlopCounterMode on a tiny model (it counts aten.mm; the
 flash-attention ops are added with torch's own sdpa formulas), and `step_cross_check` does
 the same for whole training steps of the --quick shape, phase by phase; they agree exactly.
 
-"% of peak" = executed FLOPs / phase time / matmul peak. Update time includes the 4 AdamW steps,
+"% of peak" = executed FLOPs / phase time / the matmul peak of the phase's precision (generate:
+rollout.mixed_precision; pi_old and update: model.mixed_precision); "% of fp32 peak" beside it. Update time includes the 4 AdamW steps,
 gradient clipping and the loss; pi_old and generate include their Python overheads.
 """
 
@@ -332,16 +336,17 @@ def matmul_shapes(d: dict, tokens: int, pi_old_tokens: int, big: bool = True) ->
     ]
 
 
-def matmul_peak(shapes, seconds: float = 0.5, blocks: int = 3) -> list[dict]:
-    """GFLOP/s of fp32 torch.mm per shape: the best of `blocks` blocks of >= `seconds` each."""
+def matmul_peak(shapes, seconds: float = 0.5, blocks: int = 3, dtype=None) -> list[dict]:
+    """GFLOP/s of torch.mm per shape (fp32, or `dtype`): the best of `blocks` blocks of >= `seconds` each."""
     import torch
 
+    dtype = dtype or torch.float32
     out = []
     g = torch.Generator().manual_seed(0)
     for label, m, k, n, trans in shapes:
-        a = torch.randn(k, m, generator=g).t() if trans else torch.randn(m, k, generator=g)
-        b = torch.randn(k, n, generator=g)
-        c = torch.empty(m, n)
+        a = (torch.randn(k, m, generator=g).t() if trans else torch.randn(m, k, generator=g)).to(dtype)
+        b = torch.randn(k, n, generator=g).to(dtype)
+        c = torch.empty(m, n, dtype=dtype)
         torch.mm(a, b, out=c)  # warm
         flops = 2 * m * k * n
         best = 0.0
@@ -386,25 +391,34 @@ def run(args, overrides: list[str]) -> dict:
     mb_tokens = round(statistics.fmean(r["update_positions"] / r["update_micro_batches"] for r in recs))
     torch.set_num_threads(threads)
     old_tokens = round(statistics.fmean(r["pi_old_positions"] for r in recs))
-    mm = matmul_peak(matmul_shapes(d, max(mb_tokens, 64), old_tokens, big=not args.quick), seconds=0.05 if args.quick else args.mm_seconds,
-                     blocks=2 if args.quick else 3)
-    peak = max(x["gflops"] for x in mm)
+    shapes = matmul_shapes(d, max(mb_tokens, 64), old_tokens, big=not args.quick)
+    kw = dict(seconds=0.05 if args.quick else args.mm_seconds, blocks=2 if args.quick else 3)
+    mm = matmul_peak(shapes, **kw)
+    mm16 = matmul_peak(shapes, dtype=torch.bfloat16, **kw)
+    peaks = {"fp32": max(x["gflops"] for x in mm), "bf16": max(x["gflops"] for x in mm16)}
+    given = [*(QUICK if args.quick else DEFAULT), *overrides]
+    learn = "bf16" if "model.mixed_precision=bf16" in given else "fp32"
+    precision = {"generate": "bf16" if "rollout.mixed_precision=bf16" in given else "fp32", "pi_old": learn,
+                 "update": learn}
     phases = {}
     for p in PHASES:
         t = sum(r[p] for r in recs)
         f = sum(r[f"flops_{p}"] for r in recs)
-        phases[p] = {"s_per_step": t / len(recs), "gflop_per_step": f / len(recs) / 1e9,
+        peak = peaks[precision[p]]
+        phases[p] = {"s_per_step": t / len(recs), "gflop_per_step": f / len(recs) / 1e9, "precision": precision[p],
                      "gflops": f / t / 1e9, "pct_of_peak": 100 * f / t / 1e9 / peak,
+                     "pct_of_fp32_peak": 100 * f / t / 1e9 / peaks["fp32"],
                      "per_step_gflops": [r[f"flops_{p}"] / r[p] / 1e9 for r in recs]}
     fm = sum(r["flops_update_model"] for r in recs)
     phases["update"]["model_gflops"] = fm / sum(r["update"] for r in recs) / 1e9
-    phases["update"]["model_pct_of_peak"] = 100 * phases["update"]["model_gflops"] / peak
+    phases["update"]["model_pct_of_peak"] = 100 * phases["update"]["model_gflops"] / peaks[learn]
     pos = sum(r["update_positions"] for r in recs)
     real = sum(r["update_real_tokens"] for r in recs)
     return {
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": threads,
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
-        "matmul": mm, "matmul_peak_gflops": peak, "dims": d, "cross_check": check, "cross_check_step": check_step,
+        "matmul": mm, "matmul_bf16": mm16, "matmul_peak_gflops": peaks["fp32"],
+        "matmul_peak_gflops_bf16": peaks["bf16"], "dims": d, "cross_check": check, "cross_check_step": check_step,
         "step": {k: v for k, v in res.items() if k not in ("records", "blocks")},
         "records": [{k: v for k, v in r.items() if k != "dims"} for r in recs],
         "mean_completion_tokens": statistics.fmean(r["tokens"] for r in recs) / res["samples"],
@@ -420,10 +434,10 @@ def print_report(out: dict) -> None:
     d, st = out["dims"], out["step"]
     print(f"torch {out['machine']['torch']}, {out['machine']['threads']} thread(s) of {out['machine']['cpus']} CPUs, "
           f"OMP_WAIT_POLICY={out['machine']['omp_wait_policy'] or 'unset'}")
-    print("\n(a) fp32 torch.mm, best block of the shape (m x k . k x n):")
-    for x in out["matmul"]:
-        print(f"  {x['label']:<20}{x['m']:>6} x{x['k']:>6} . x{x['n']:>6}  {x['gflops']:8.1f} GFLOP/s")
-    print(f"  matmul peak: {out['matmul_peak_gflops']:.1f} GFLOP/s")
+    print("\n(a) torch.mm, best block of the shape (m x k . k x n), fp32 and bf16:")
+    for x, y in zip(out["matmul"], out["matmul_bf16"]):
+        print(f"  {x['label']:<20}{x['m']:>6} x{x['k']:>6} . x{x['n']:>6}  {x['gflops']:8.1f} {y['gflops']:8.1f} GFLOP/s")
+    print(f"  matmul peak: fp32 {out['matmul_peak_gflops']:.1f}, bf16 {out['matmul_peak_gflops_bf16']:.1f} GFLOP/s")
     print(f"\n(b) tiny Qwen3: hidden {d['H']}, {d['layers']} layers, MLP {d['intermediate']}, attention width {d['A']}, "
           f"vocab {d['V']}, N = {d['N'] / 1e6:.2f}M matmul weights; {st['samples']} completions x "
           f"max_new_tokens {st['max_new_tokens']}, mean completion {out['mean_completion_tokens']:.1f} tokens; "
@@ -432,14 +446,15 @@ def print_report(out: dict) -> None:
           f"{100 * out['update_pad_share']:.1f}% of them padding (pi_old pass {100 * out['pi_old_pad_share']:.1f}%; "
           f"generate: {100 * out['generate_pad_share']:.1f}% of decode row-steps on finished rows); "
           f"in micro-batches of 4 rows sorted by length: {100 * out['update_pad_share_sorted4']:.1f}%")
-    print(f"{'phase':<10}{'s/step':>9}{'GFLOP/step':>12}{'GFLOP/s':>10}{'% of peak':>11}   per step GFLOP/s")
+    print(f"{'phase':<10}{'prec':>5}{'s/step':>9}{'GFLOP/step':>12}{'GFLOP/s':>10}{'% of peak':>11}{'% fp32':>8}"
+          f"   per step GFLOP/s")
     for p in PHASES:
         x = out["phases"][p]
-        print(f"{p:<10}{x['s_per_step']:>9.3f}{x['gflop_per_step']:>12.1f}{x['gflops']:>10.1f}{x['pct_of_peak']:>10.1f}%"
-              f"   {', '.join(f'{v:.1f}' for v in x['per_step_gflops'])}")
+        print(f"{p:<10}{x['precision']:>5}{x['s_per_step']:>9.3f}{x['gflop_per_step']:>12.1f}{x['gflops']:>10.1f}"
+              f"{x['pct_of_peak']:>10.1f}%{x['pct_of_fp32_peak']:>7.1f}%   {', '.join(f'{v:.1f}' for v in x['per_step_gflops'])}")
     u = out["phases"]["update"]
     print(f"update in model FLOPs (no recomputation: attention 12, head 6): {u['model_gflops']:.1f} GFLOP/s, "
-          f"{u['model_pct_of_peak']:.1f}% of peak")
+          f"{u['model_pct_of_peak']:.1f}% of the {u['precision']} peak")
     c = out["cross_check"]
     print("cross-check with FlopCounterMode (tiny model): " + ", ".join(
         f"{k} {c[k]['formula']} vs {c[k]['counted']}" for k in ("forward", "train", "generate")))

@@ -46,11 +46,12 @@ def test_quick_runs(tmp_path: Path) -> None:
         stdout, stderr = p.communicate(timeout=120)
         assert p.returncode == 0, f"{name}: {stdout[-2000:]}\n{stderr[-4000:]}"
     f = json.loads(outs["flops"].read_text())
-    assert f["matmul_peak_gflops"] > 0
+    assert f["matmul_peak_gflops"] > 0 and f["matmul_peak_gflops_bf16"] > 0  # both measured in the run
     assert f["mean_completion_tokens"] == f["step"]["max_new_tokens"]  # forced to full length
     for phase in ("generate", "pi_old", "update"):
         x = f["phases"][phase]
         assert x["gflop_per_step"] > 0 and x["gflops"] > 0 and x["pct_of_peak"] > 0, phase
+        assert x["precision"] == "fp32" and x["pct_of_peak"] == x["pct_of_fp32_peak"], phase  # the quick run is fp32
     for k in ("forward", "train", "generate"):
         assert f["cross_check"][k]["formula"] == f["cross_check"][k]["counted"], k
     s = json.loads(outs["scaling"].read_text())

@@ -82,6 +82,34 @@ def test_sampler_logp_equals_trainer_logp(tok, moe):
     torch.testing.assert_close(r.sampler_logp, trainer, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("engine", ["gspo", "hf"])
+def test_bf16_sampling_runs_under_autocast_with_a_small_measured_gap(tok, engine):
+    """rollout.mixed_precision=bf16: the sampler's forwards run in bf16 over the fp32 weights
+    (the log-probs then differ from an fp32 trainer pass, by bf16's rounding and no more), and
+    the weights themselves stay fp32."""
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=5)
+    r = _generate(m, tok, temperature=0.7, engine=engine, autocast_dtype=torch.bfloat16)
+    t = r.completion_ids.shape[1]
+    with torch.no_grad():
+        fp32 = token_logprobs(m, r.input_ids, r.attention_mask, t, temperature=0.7, chunk_size=9)
+    gap = (r.sampler_logp - fp32)[r.completion_mask.bool()].abs()
+    assert 1e-4 < gap.max() < 0.5 and gap.mean() < 0.05
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+
+
+def test_bf16_sampling_settings(tmp_path):
+    from gspo.config import ConfigError, load_config
+    from gspo.train.run import resolve_old_logp
+
+    cfg = load_config(None, ["rollout.mixed_precision=bf16"])
+    assert resolve_old_logp(cfg, has_routers=False) == "trainer"  # not the trainer's numbers any more
+    assert resolve_old_logp(load_config(None, []), has_routers=False) == "sampler"
+    with pytest.raises(ConfigError, match="config field 'rollout.mixed_precision'"):
+        load_config(None, ["rollout.mixed_precision=bf16", "rollout.backend=vllm"])
+    with pytest.raises(ConfigError, match="config field 'rollout.mixed_precision'"):
+        load_config(None, ["rollout.mixed_precision=fp8"])
+
+
 def test_top_k_top_p_filter_sampling_not_logp(model, tok):
     """Top-k restricts which tokens are drawn, yet sampler_logp is still the unfiltered
     log_softmax(logits / T): the sum over a top-2 support would be ~log(1) if renormalised."""

@@ -339,6 +339,9 @@ class HFGenerator:
       forward needs generate's own preparation.
     - Every module is in eval mode while sampling, with a clean generation config
       (`gspo.models.generation_mode`); both are restored after.
+    - ``autocast_dtype=torch.bfloat16`` samples under ``torch.autocast`` over the fp32
+      weights (each weight cast once per chunk; the log-softmax stays fp32, on bf16 logits):
+      faster where bf16 matmuls are (AMX, GPUs), and no longer the trainer's own numbers.
     """
 
     def __init__(
@@ -353,6 +356,7 @@ class HFGenerator:
         batch_size: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         engine: str = "gspo",
+        autocast_dtype: torch.dtype | None = None,
     ):
         check_sampling(temperature, top_p, top_k, max_new_tokens)
         if batch_size is not None and batch_size < 1:
@@ -360,6 +364,7 @@ class HFGenerator:
         if engine not in ("gspo", "hf"):
             raise ValueError(f"engine must be gspo | hf, got {engine!r}")
         self.engine = engine
+        self.autocast_dtype = autocast_dtype
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = float(temperature)
@@ -409,6 +414,10 @@ class HFGenerator:
         logp = recorder.finish(sequences[:, -1])  # (B, T_gen)
         return completion, logp
 
+    def _autocast(self, device: torch.device):
+        return torch.autocast(device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                              enabled=self.autocast_dtype is not None)
+
     def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None,
                     offset: int = 0):
         """All N rows in chunks of `batch_size`, under `gspo.models.generation_mode`."""
@@ -421,10 +430,11 @@ class HFGenerator:
                 first = int(mask.any(dim=0).long().argmax())  # drop columns padded in every row
                 hook = None if self.routes is None else self.routes.recorder(start, first)
                 if seed is None:
-                    chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
+                    with self._autocast(ids.device):
+                        chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
                     continue
                 devices = [ids.device] if ids.device.type == "cuda" else []
-                with torch.random.fork_rng(devices=devices):
+                with torch.random.fork_rng(devices=devices), self._autocast(ids.device):
                     torch.manual_seed(chunk_seed(seed, offset + start))
                     chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
         return chunks

@@ -209,7 +209,7 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
         # from gspo's decode loop (R3), else from the trainer's pass
         return "sampler" if records_routes(cfg) or not (has_routers or cfg.algo.routing_replay) else "trainer"
     same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
-                    and not cfg.model.dropout)
+                    and r.mixed_precision == "no" and not cfg.model.dropout)
     return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
 
 
@@ -250,7 +250,8 @@ def hf_generator(cfg: Config, model, tok) -> HFGenerator:
     r = cfg.rollout
     return HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                        max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
-                       engine="hf" if r.decode == "generate" else "gspo")
+                       engine="hf" if r.decode == "generate" else "gspo",
+                       autocast_dtype=torch.bfloat16 if r.mixed_precision == "bf16" else None)
 
 
 def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = None):
