@@ -129,12 +129,12 @@ def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool)
     return 6 * d["N"] * positions + 14 * d["layers"] * d["A"] * attn + head * d["H"] * d["V"] * mc
 
 
-def call_flops(d: dict, ids, mask, t: int, mc: int, train: bool, share: bool = True) -> int:
+def call_flops(d: dict, ids, mask, t: int, mc: int, train: bool, share: bool = True, min_saved: int = 0) -> int:
     """One LogprobModule call on (b, L) ids/mask, with prompt sharing when gspo would use it."""
     from gspo.models.logprobs import prompt_share_plan
 
     b, L = ids.shape
-    plan = prompt_share_plan(ids, mask, t) if share else None
+    plan = prompt_share_plan(ids, mask, t, min_saved) if share else None
     if plan is None:  # one forward over every column but the last (it predicts nothing)
         return train_flops(d, b, L - 1, mc) if train else forward_flops(d, b, L - 1, mc)
     first, _, cut = plan
@@ -180,6 +180,9 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
     gen = 0
     chunk = run.generator.batch_size or n
     share = getattr(run.trainer, "share_prompt", False)  # (a forward the plan left undecided shares if it pays)
+    from gspo.models.logprobs import share_min_saved
+
+    min_saved = share_min_saved(run.policy, getattr(run.trainer, "share_min_work", 0.0))
     for s in range(0, n, chunk):
         mask, ids = rollout.prompt_mask[s:s + chunk], rollout.prompt_ids[s:s + chunk]
         P = mask.shape[1] - int(mask.any(dim=0).long().argmax())  # columns padded in every row dropped
@@ -193,7 +196,7 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
             continue
         part = rollout.select(idx)
         old += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
-                          int(part.completion_mask.sum()), train=False, share=shared is not False and share)
+                          int(part.completion_mask.sum()), train=False, share=shared is not False and share, min_saved=min_saved)
         old_positions = max(old_positions, part.input_ids.numel())
         old_total += part.input_ids.numel()
         old_real += int(part.attention_mask.sum())
@@ -204,7 +207,7 @@ def step_flops(run, rollout, rollout_index: int) -> dict:
             b, L = part.input_ids.shape
             mc = int(part.completion_mask.sum())
             upd += call_flops(d, part.input_ids, part.attention_mask, part.completion_ids.shape[1], mc, train=True,
-                              share=mi.share is not False and share)
+                              share=mi.share is not False and share, min_saved=min_saved)
             upd_model += train_flops(d, b, L, mc, executed=False)
             positions += b * L
             real += int(part.attention_mask.sum())

@@ -376,3 +376,27 @@ def test_decode_on_other_architectures(tok, arch):
     with torch.no_grad():
         lp = token_logprobs(m, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=0.8)
     torch.testing.assert_close(r.sampler_logp, lp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "gpt2"])
+def test_the_preallocated_kv_cache_samples_what_dynamic_cache_samples(tok, arch, monkeypatch):
+    """decode writes keys/values into buffers allocated once (rollout._preallocated_cache)
+    instead of concatenating the cache at every step: the same tokens and log-probs, with
+    rows leaving the batch at varied steps."""
+    import gspo.rollout as rollout_mod
+
+    torch.manual_seed(0)
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=3) if arch == "qwen3" else \
+        build_arch(arch, len(tok), tok).eval()
+    eos = tok.convert_tokens_to_ids(list("abcdefgh"))  # several "EOS" ids: rows end at varied steps
+    outs, caches = {}, []
+    real = rollout_mod._preallocated_cache
+    monkeypatch.setattr(rollout_mod, "_preallocated_cache", lambda *a: caches.append(real(*a)) or caches[-1])
+    for pre in (True, False):
+        monkeypatch.setattr(rollout_mod, "PREALLOCATE_CACHE", pre)
+        torch.manual_seed(1)
+        outs[pre] = HFGenerator(m, tok, max_new_tokens=12, temperature=1.3, eos_token_ids=eos).generate(PROMPTS, 6)
+    assert set(outs[True].finish_reason) == {"eos", "length"}
+    assert torch.equal(outs[True].completion_ids, outs[False].completion_ids)
+    torch.testing.assert_close(outs[True].sampler_logp, outs[False].sampler_logp, rtol=0, atol=1e-6)
+    assert caches and all(type(x).__name__ == "BufferLayer" for x in caches[0].layers)

@@ -119,6 +119,26 @@ def test_plan_runs_each_prompt_once_only_when_it_pays(tok):
     assert prompt_share_plan(short, torch.ones_like(short), 46) is None  # saves under 1/8 of the tokens
 
 
+def test_short_prompts_do_not_share_on_small_layers(tok):
+    """model.share_prompt_min_work: the saved prompt tokens times one decoder layer's weights
+    must reach it. A 64-wide 2-layer model (~40k weights a layer) at the default 3.2e7 needs
+    ~800 saved tokens: 12 rows of 6-token prompts do not share, 12 rows of 200-token ones do;
+    a wider layer needs fewer."""
+    from gspo.models.logprobs import can_share_prompt, share_min_saved
+
+    small = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=0)
+    ids, mask = _grouped_batch(len(tok))  # 3 prompts x 4 rows, 6 completion tokens
+    need = share_min_saved(small, 3.2e7)
+    per_layer = sum(p.numel() for p in small.model.layers[0].parameters())
+    assert need == -(-int(3.2e7) // per_layer) and 100 < need < 10_000
+    assert can_share_prompt(small, ids, mask, 6) and not can_share_prompt(small, ids, mask, 6, 3.2e7)
+    long_ids = torch.cat([torch.full((12, 200), 5), ids], 1)  # a 200-token instruction before each prompt
+    long_mask = torch.cat([torch.ones(12, 200, dtype=mask.dtype), mask], 1)
+    assert can_share_prompt(small, long_ids, long_mask, 6, 3.2e7)
+    wide = build_tiny_model(tok, hidden_size=256, num_layers=2, seed=0)
+    assert share_min_saved(wide, 3.2e7) * 4 < need  # ~8x the weights a layer (its MLP stays 128 wide)
+
+
 @pytest.mark.parametrize("case", ["distinct", "one-token", "checkpointing"])
 def test_falls_back_or_skips_the_second_call(tok, case):
     """Distinct prompts and gradient checkpointing: one forward over [prompt | completion];

@@ -50,6 +50,7 @@ def validate(cfg: Config) -> None:
            "applies to the hf backend; the vllm engine's precision is vllm.dtype")
     _check(not (r.mixed_precision == "bf16" and m.dtype != "float32"), "rollout.mixed_precision",
            f"bf16 autocast runs over fp32 weights: set model.dtype=float32 (got {m.dtype})")
+    _check(m.share_prompt_min_work >= 0, "model.share_prompt_min_work", "must be >= 0")
     lc = cfg.lora
     _check(lc.r >= 1, "lora.r", "must be >= 1")
     _check(lc.alpha > 0, "lora.alpha", "must be > 0")

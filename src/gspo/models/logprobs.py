@@ -11,6 +11,8 @@ saved for backward). `naive_token_logprobs` is the plain `model(...).logits` ref
 
 from __future__ import annotations
 
+import math
+
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -81,17 +83,18 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     return first, inverse
 
 
-def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int):
+def prompt_share_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+                      min_saved: int = 0):
     """How `token_logprobs(share_prompt=True)` runs a (N, P+T) call: (first row of each distinct
     prompt (k,), each row's prompt index (N,), leading columns padded in every distinct prompt),
-    or None when the prompts it would not run again are under 1/8 of the call's tokens (then a
-    second decoder call costs more than it saves)."""
+    or None when the prompt tokens it would not run again are under 1/8 of the call's tokens or
+    under `min_saved` (then a second decoder call costs more than it saves)."""
     p = input_ids.shape[1] - completion_len
     first, inverse = prompt_groups(input_ids, attention_mask, p)
     mask_u = attention_mask[first, :p]  # (k, P)
     prompt_all, prompt_once, total, cut = torch.stack([  # one device sync for the four numbers
         attention_mask[:, :p].sum(), mask_u.sum(), attention_mask.sum(), mask_u.any(dim=0).long().argmax()]).tolist()
-    if (prompt_all - prompt_once) * 8 < total:  # the prompt tokens not run again
+    if (prompt_all - prompt_once) * 8 < total or prompt_all - prompt_once < min_saved:  # the tokens not run again
         return None
     return first, inverse, cut
 
@@ -124,15 +127,36 @@ def _announce(rows, col_start, mask, fan_out) -> None:
         fn(rows, col_start, mask, fan_out)
 
 
-def can_share_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int) -> bool:
+def can_share_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+                     min_work: float = 0.0) -> bool:
     """Whether `token_logprobs(share_prompt=True)` would run this call's distinct prompts once:
     the model's cache allows it (no gradient checkpointing, attention key/value caches only)
-    and it pays (`prompt_share_plan`). The rollout's plan (`gspo.train.plan`) asks this of every
-    forward, so that under FSDP2 the processes make the decision together before any forward."""
-    return _share_plan(model, input_ids, attention_mask, completion_len) is not None
+    and it pays (`prompt_share_plan`, and `min_work`: see `share_min_saved`). The rollout's plan
+    (`gspo.train.plan`) asks this of every forward, so that under FSDP2 the processes make the
+    decision together before any forward."""
+    return _share_plan(model, input_ids, attention_mask, completion_len, min_work) is not None
 
 
-def _share_plan(model, input_ids, attention_mask, completion_len: int):
+def share_min_saved(model, min_work: float) -> int:
+    """The prompt tokens a shared call must save to pay for its second decoder call:
+    `min_work` (model.share_prompt_min_work) over the weights of one decoder layer. The second
+    call costs a fixed overhead per layer (kernel launches, Python, autograd nodes), the tokens
+    saved cost their matrix products (about weights x tokens): on the tiny models short prompts
+    do not pay, on big ones they do (docs/benchmarks.md)."""
+    if min_work <= 0:
+        return 0
+    per_layer = model.__dict__.get("_gspo_layer_weights")
+    if per_layer is None:
+        body = _decoder_body(model)
+        layers = getattr(body, "layers", None) if body is not None else None
+        if not layers:
+            return 0
+        per_layer = sum(p.numel() for layer in layers for p in layer.parameters()) / len(layers)
+        model.__dict__["_gspo_layer_weights"] = per_layer
+    return math.ceil(min_work / max(per_layer, 1.0))
+
+
+def _share_plan(model, input_ids, attention_mask, completion_len: int, min_work: float = 0.0):
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -141,10 +165,11 @@ def _share_plan(model, input_ids, attention_mask, completion_len: int):
     cache = DynamicCache(config=_text_config(base_model(model)))
     if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
         return None  # attention key/value caches only (full or sliding), not recurrent states
-    return prompt_share_plan(input_ids, attention_mask, completion_len)
+    return prompt_share_plan(input_ids, attention_mask, completion_len, share_min_saved(model, min_work))
 
 
-def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, decided: bool | None = None):
+def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int, decided: bool | None = None,
+                          min_work: float = 0.0):
     """Final hidden states at the positions predicting y_1..y_T, (N, T, H), with each distinct
     prompt run once: the decoder body runs on the k distinct prompts with a KV cache, the
     cache is expanded to the N rows (the gradient of every row flows back into its prompt's
@@ -156,7 +181,7 @@ def _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t: int
     collectives, FSDP2); None decides here, from this call's rows."""
     from transformers import DynamicCache
 
-    plan = None if decided is False else _share_plan(model, input_ids, attention_mask, t)
+    plan = None if decided is False else _share_plan(model, input_ids, attention_mask, t, 0.0 if decided else min_work)
     if plan is None:  # (decided=True with no plan cannot happen: the decision was made from these rows)
         return None
     length = input_ids.shape[1]
@@ -300,6 +325,7 @@ def token_logprobs(
     chunk_size: int = ModelConfig.logprob_chunk_size,
     share_prompt: bool = ModelConfig.share_prompt,
     decided: bool | None = None,
+    share_min_work: float = 0.0,
 ) -> torch.Tensor:
     """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
 
@@ -320,7 +346,8 @@ def token_logprobs(
     with the prompt's work done once instead of G times; used when it saves at least 1/8 of
     the call's tokens (`prompt_share_plan`) and the model's cache allows it (`can_share_prompt`).
     ``decided`` is that decision made beforehand (under FSDP2 the rollout's plan makes it alike
-    on every process); None decides from this call's rows.
+    on every process); None decides from this call's rows, and then ``share_min_work`` (see
+    `share_min_saved`) must be met too.
     """
     _check_inputs(input_ids, attention_mask, completion_len, temperature)
     n, length = input_ids.shape
@@ -341,7 +368,7 @@ def token_logprobs(
     position_ids = position_ids_from_mask(attention_mask)  # (N, L)
     hidden = None
     if share_prompt:
-        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, decided)
+        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, position_ids, t, decided, share_min_work)
     if hidden is None:  # one call; the last token predicts nothing here, so it is not run
         try:
             _announce(None, 0, attention_mask[:, :-1], None)
@@ -439,9 +466,10 @@ class LogprobModule(torch.nn.Module):
 
     def __init__(self, policy, *, temperature: float = RolloutConfig.temperature,
                  chunk_size: int = ModelConfig.logprob_chunk_size, autocast_dtype: torch.dtype | None = None,
-                 share_prompt: bool = ModelConfig.share_prompt):
+                 share_prompt: bool = ModelConfig.share_prompt, share_min_work: float = 0.0):
         super().__init__()
         self.share_prompt = bool(share_prompt)
+        self.share_min_work = float(share_min_work)
         self.policy = policy
         self.temperature = float(temperature)
         self.chunk_size = int(chunk_size)
@@ -454,4 +482,4 @@ class LogprobModule(torch.nn.Module):
                             enabled=self.autocast_dtype is not None):
             return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
                                   temperature=self.temperature, chunk_size=self.chunk_size,
-                                  share_prompt=self.share_prompt, decided=share)
+                                  share_prompt=self.share_prompt, decided=share, share_min_work=self.share_min_work)

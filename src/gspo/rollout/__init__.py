@@ -252,6 +252,105 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
     return ids.to(device), mask.to(device)
 
 
+PREALLOCATE_CACHE = True  # bench/decode_cache.py compares both
+
+
+def _preallocated_cache(model, capacity: int):
+    """transformers' DynamicCache with its full-attention layers writing into buffers of
+    `capacity` positions, allocated once (`_BufferLayer`), instead of concatenating the whole
+    cache at every step (O(T^2) copying over a completion); other layer kinds stay as they are."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=getattr(model, "config", None))
+
+    def layer(old=None):
+        if old is not None and type(old) is not DynamicLayer:
+            return old
+        new = _BufferLayer()
+        new.capacity = capacity
+        return new
+
+    if cache.layers:
+        cache.layers = [layer(x) for x in cache.layers]
+    elif getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+        cache.layer_class_to_replicate = lambda: layer()
+    return cache
+
+
+def _buffer_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):
+        """A DynamicLayer whose keys/values are views of preallocated (b, heads, capacity, d)
+        buffers: `update` writes the new positions in place (growing by doubling if ever full)."""
+
+        capacity = 0
+
+        def lazy_initialization(self, key_states, value_states):
+            super().lazy_initialization(key_states, value_states)
+            self._k = self._v = None
+            self._n = 0
+
+        def _grow(self, need: int, like_k, like_v) -> None:
+            cap = max(need, self.capacity, 2 * (self._k.shape[-2] if self._k is not None else 0))
+            k = like_k.new_empty((*like_k.shape[:-2], cap, like_k.shape[-1]))
+            v = like_v.new_empty((*like_v.shape[:-2], cap, like_v.shape[-1]))
+            if self._n:
+                k[..., : self._n, :] = self._k[..., : self._n, :]
+                v[..., : self._n, :] = self._v[..., : self._n, :]
+            self._k, self._v = k, v
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = self._n + key_states.shape[-2]
+            if self._k is None or n > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
+                self._grow(n, key_states, value_states)
+            self._k[..., self._n : n, :] = key_states
+            self._v[..., self._n : n, :] = value_states
+            self._n = n
+            self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.get_seq_length() > 0:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.get_seq_length() > 0:
+                self._k = self._k.repeat_interleave(repeats, dim=0)
+                self._v = self._v.repeat_interleave(repeats, dim=0)
+                self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)
+            if self.is_initialized and self.keys is not None:
+                self._n = self.keys.shape[-2]
+
+        def reset(self) -> None:
+            super().reset()
+            self._k = self._v = None
+            self._n = 0
+
+    return BufferLayer
+
+
+class _LazyBufferLayer:
+    """`_BufferLayer()` builds the class on first use (transformers imports lazily here)."""
+
+    _cls = None
+
+    def __new__(cls):
+        if cls._cls is None:
+            cls._cls = _buffer_layer_class()
+        return cls._cls()
+
+
+_BufferLayer = _LazyBufferLayer
+
+
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int, eos_token_ids: Sequence[int],
            pad_token_id: int, temperature: float = RolloutConfig.temperature, top_k: int = RolloutConfig.top_k,
            top_p: float = RolloutConfig.top_p, on_forward=None):
@@ -279,7 +378,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     eos = torch.tensor(list(eos_token_ids), device=device)
     tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-    cache = DynamicCache(config=getattr(model, "config", None))
+    cache = _preallocated_cache(model, ids.shape[1] + max_new_tokens) if PREALLOCATE_CACHE else \
+        DynamicCache(config=getattr(model, "config", None))
     pos = position_ids_from_mask(mask)
     first, inverse = prompt_groups(ids, mask, ids.shape[1])  # a group's rows share one prompt
     if on_forward is not None:

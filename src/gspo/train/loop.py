@@ -185,7 +185,8 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
     def can_share(rows: torch.Tensor) -> bool:  # would the forward over these rows run each prompt once?
         part = rollout.select(rows)
         return run.cfg.model.share_prompt and can_share_prompt(run.policy, part.input_ids, part.attention_mask,
-                                                               part.completion_ids.shape[1])
+                                                               part.completion_ids.shape[1],
+                                                               run.cfg.model.share_prompt_min_work)
 
     return build_plan(minibatches(run, state.rollout, n), rollout.completion_lengths, live=live_rows(run, adv),
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",

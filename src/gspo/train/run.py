@@ -332,7 +332,8 @@ def build_run(cfg: Config) -> Run:
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
     trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
-                            autocast_dtype=autocast, share_prompt=cfg.model.share_prompt)
+                            autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
+                            share_min_work=cfg.model.share_prompt_min_work)
     trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
     if r.backend == "vllm" and not asynchronous:  # (async: the engines run on the generators)
