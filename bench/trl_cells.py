@@ -31,7 +31,7 @@ def _gspo_overrides(spec: dict, total: int, out_dir: str) -> list[str]:
         f"schedule.rollouts={total}", f"schedule.num_minibatches={M}", "schedule.micro_batch_size=0",
         "schedule.lr_schedule=constant", "eval.enabled=false", "logging.console=false",
         "logging.completions_every=0", "logging.table_every=0", "checkpoint.every=0", "rewards.num_workers=1",
-        "threads=1", f"seed={SEED}", f"output.dir={out_dir}", "output.name=bench",
+        f"seed={SEED}", f"output.dir={out_dir}", "output.name=bench",
         *spec.get("gspo_set", []),
     ]
 
@@ -83,8 +83,7 @@ def run_gspo(spec: dict) -> dict:
         t0 = time.perf_counter()
         cfg = load_config(None, _gspo_overrides(spec, total, tmp))
         cfg.rewards.functions[0].name = "trl_compare:bench_reward"
-        run = build_run(cfg)  # setup_threads(1)
-        torch.set_num_threads(1)
+        run = build_run(cfg)  # gspo's own thread default (setup_threads, threads_for_model)
         t_setup = time.perf_counter() - t0
         gen = run.generator.generate
 

@@ -44,8 +44,10 @@ Completion lengths: the tokenizer has the task characters plus 1000 filler chara
 model samples EOS with probability ~1e-3 per token and completions almost always run to T; the
 mean completion length of each side is reported, and so are completion tokens/s.
 
-Measurement. Each (framework, round) cell is a fresh subprocess (bench/trl_cells.py) with torch.set_num_threads(1),
-OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE. Start-up (imports, model load, trainer set-up) and
+Measurement. Each (framework, round) cell is a fresh subprocess (bench/trl_cells.py) with
+OMP_WAIT_POLICY=PASSIVE; TRL runs at each of --trl-threads torch threads (default 1) and each round
+takes its fastest, gspo at its own default (1 thread on <= 4 cores, every core for a model of
+>= 0.75M weights a decoder layer: gspo.train.run.threads_for_model). Start-up (imports, model load, trainer set-up) and
 --warmup rollouts are not timed; then --rollouts rollouts are. A rollout's wall time runs from the
 end of one rollout to the end of the next: generation, reward, pi_old pass, the M optimizer steps
 and the framework's own bookkeeping between them. TRL: timestamps at on_step_end of every M-th
@@ -181,7 +183,11 @@ def _env() -> dict:
 def run_cell(framework: str, spec: dict, timeout: float) -> dict:
     """One (framework, round) cell in a fresh process (bench/trl_cells.py); its result."""
     cmd = [sys.executable, str(BENCH / "trl_cells.py"), framework, json.dumps(spec)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=str(ROOT))
+    env = _env()
+    if framework == "gspo":  # gspo picks its own thread count (1 on <= 4 cores, all for a compute-bound model)
+        env.pop("OMP_NUM_THREADS", None)
+        env.pop("MKL_NUM_THREADS", None)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=str(ROOT))
     for line in p.stdout.splitlines():
         if line.startswith(_MARK):
             return json.loads(line[len(_MARK):])
@@ -325,7 +331,7 @@ def format_table(results: dict) -> str:
     m = results["machine"]
     lines.append(f"(median over rounds; phases in s per rollout, 'other' includes the reward; {m['cpu']}, "
                  f"{m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, trl {m.get('trl', '-')}, "
-                 f"gspo 1 thread, TRL the best of {sorted({c['trl']['threads'] for w in results['workloads'].values() for c in w['cells']}) if 'trl' in results['frameworks'] else '-'} threads; other processes kept up to {busy:.2f} cores busy during a timed cell)")
+                 f"gspo {sorted({c['gspo']['threads'] for w in results['workloads'].values() for c in w['cells']})} threads (its default), TRL the best of {sorted({c['trl']['threads'] for w in results['workloads'].values() for c in w['cells']}) if 'trl' in results['frameworks'] else '-'} threads; other processes kept up to {busy:.2f} cores busy during a timed cell)")
     return "\n".join(lines)
 
 

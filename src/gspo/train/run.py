@@ -48,6 +48,30 @@ def setup_threads(n: int = 0) -> int:
     return n
 
 
+# Weights per decoder layer from which a model counts as compute-bound for the thread default:
+# the hidden-512 shape of docs/benchmarks.md's thread table (~1M a layer) ran 1.27x faster with 2
+# PASSIVE threads than with 1 on an idle 2-core VM and 1.04x slower with a core busy; the demo's
+# model (~0.1M) ran 1.41x slower; bench/trl_compare.py --grid's 32M cell (3.9M a layer) lost to
+# TRL at 2 threads while gspo ran 1.
+COMPUTE_BOUND_LAYER_WEIGHTS = 750_000
+
+
+def threads_for_model(cfg: Config, model) -> int:
+    """After the model loads: with `threads` auto on a machine of <= 4 cores (one thread by
+    default, `setup_threads`), a compute-bound model gets every core (sync mode only; async
+    mode's processes take a core each). Returns the thread count in force."""
+    from gspo.models.logprobs import _decoder_body
+
+    cores = os.cpu_count() or 1
+    if cfg.threads > 0 or "OMP_NUM_THREADS" in os.environ or cores > 4 or cores < 2 or cfg.rollout.mode == "async":
+        return torch.get_num_threads()
+    body = _decoder_body(model)
+    layers = getattr(body, "layers", None) if body is not None else None
+    if layers and sum(p.numel() for p in layers[0].parameters()) >= COMPUTE_BOUND_LAYER_WEIGHTS:
+        torch.set_num_threads(cores)
+    return torch.get_num_threads()
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -307,6 +331,7 @@ def build_run(cfg: Config) -> Run:
     job = async_mode.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
+    threads_for_model(cfg, model)
     rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens)
     eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens) if eval_rows else ([], 0)
     if dropped and d.is_main:
