@@ -6,7 +6,8 @@ weights, against fp32, on shapes from the demo's to compute-bound ones.
 
 Variants: fp32; gen (rollout.mixed_precision=bf16: the decode loop under autocast); learn
 (model.mixed_precision=bf16: pi_old and update under autocast); both. Every variant runs with
-rollout.old_logp=trainer, so the phases compare like for like (with bf16 anywhere, old_logp=auto
+rollout.old_logp=trainer and schedule.skip_zero_advantage=false (every row runs, whatever the
+rewards of the random model), so the phases compare like for like (with bf16 anywhere, old_logp=auto
 picks the trainer's pass too, as the sampler's numbers are then not the trainer's).
 
 Each (shape, variant, round) is a fresh process running bench/step.py's `measure` (the
@@ -93,7 +94,7 @@ def worker(overrides: list[str], warmup: int, rollouts: int) -> dict:
         gap["sampler_vs_fp32"] = _gaps(ro.sampler_logp, fp32, ro.completion_mask)
         gap["learner_vs_fp32"] = _gaps(learner, fp32, ro.completion_mask)
 
-    res = measure(None, ["rollout.old_logp=trainer", *overrides], threads=0, warmup=warmup, rollouts=rollouts,
+    res = measure(None, ["rollout.old_logp=trainer", "schedule.skip_zero_advantage=false", *overrides], threads=0, warmup=warmup, rollouts=rollouts,
                   repeats=1, prepare=prepare)
     blk = res["blocks"][0]
     return {"phases": {k: blk[k] for k in PHASES if k in blk}, "tokens": blk["tokens"], "gap": gap,

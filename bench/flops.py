@@ -11,7 +11,8 @@ where the CPU has it) at the shapes the measured model runs (tokens x hidden tim
 hidden x {hidden, hidden/2 (k, v), intermediate}, intermediate x hidden, their backward
 counterparts dX = dY W and dW = X^T dY, and the LM head), plus (2048 x hidden) x (hidden x
 4 hidden) and a 2048^3 square, with the torch thread count the step runs with (the library
-default: 1 thread on <= 4 cores, gspo.train.run.setup_threads). Each shape is timed in blocks of
+default: 1 thread on <= 4 cores, every core for a compute-bound model: gspo.train.run.setup_threads
+and threads_for_model). Each shape is timed in blocks of
 >= --mm-seconds; its figure is its best block; the peak is the best shape.
 
 (b) One real training step, timed by phase through bench/step.py (the functions gspo.train.train
@@ -383,6 +384,7 @@ def run(args, overrides: list[str]) -> dict:
     def on_step(run, rollout, rollout_index, rec):
         rec.update(step_flops(run, rollout, rollout_index))
         rec["dims"] = model_dims(run.policy)
+        rec["threads"] = torch.get_num_threads()  # the run's own (threads_for_model may give a big model every core)
         steps.append(rec)
 
     res = bench_step.measure(None, [*(QUICK if args.quick else DEFAULT), *overrides], threads=args.threads,
@@ -392,7 +394,8 @@ def run(args, overrides: list[str]) -> dict:
     d = recs[0]["dims"]
     # the update's micro-batch rows x columns: the tokens of the model's forward matmuls
     mb_tokens = round(statistics.fmean(r["update_positions"] / r["update_micro_batches"] for r in recs))
-    torch.set_num_threads(threads)
+    threads = recs[0]["threads"]
+    torch.set_num_threads(threads)  # the peaks at the step's own thread count
     old_tokens = round(statistics.fmean(r["pi_old_positions"] for r in recs))
     shapes = matmul_shapes(d, max(mb_tokens, 64), old_tokens, big=not args.quick)
     kw = dict(seconds=0.05 if args.quick else args.mm_seconds, blocks=2 if args.quick else 3)

@@ -121,9 +121,9 @@ def test_plan_runs_each_prompt_once_only_when_it_pays(tok):
 
 def test_short_prompts_do_not_share_on_small_layers(tok):
     """model.share_prompt_min_work: the saved prompt tokens times one decoder layer's weights
-    must reach it. A 64-wide 2-layer model (~40k weights a layer) at the default 3.2e7 needs
-    ~800 saved tokens: 12 rows of 6-token prompts do not share, 12 rows of 200-token ones do;
-    a wider layer needs fewer."""
+    must reach it. A 64-wide 2-layer model (~40k weights a layer) at 3.2e7 needs ~800 saved
+    tokens: 12 rows of 6-token prompts do not share, 12 rows of 200-token ones do; a wider layer
+    needs fewer, and a MoE layer counts only the experts a token is routed to."""
     from gspo.models.logprobs import can_share_prompt, share_min_saved
 
     small = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=0)
@@ -137,6 +137,11 @@ def test_short_prompts_do_not_share_on_small_layers(tok):
     assert can_share_prompt(small, long_ids, long_mask, 6, 3.2e7)
     wide = build_tiny_model(tok, hidden_size=256, num_layers=2, seed=0)
     assert share_min_saved(wide, 3.2e7) * 4 < need  # ~8x the weights a layer (its MLP stays 128 wide)
+    moe = build_tiny_model(tok, hidden_size=64, num_layers=2, moe=True, num_experts=8, num_experts_per_tok=2, seed=0)
+    layer = moe.model.layers[0]
+    experts = sum(p.numel() for n, p in layer.named_parameters() if "experts." in n)
+    assert experts and share_min_saved(moe, 3.2e7) == -(-int(3.2e7) // int(
+        sum(p.numel() for p in layer.parameters()) - experts * 3 / 4))
 
 
 @pytest.mark.parametrize("case", ["distinct", "one-token", "checkpointing"])

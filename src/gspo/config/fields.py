@@ -42,10 +42,10 @@ class ModelConfig:
     share_prompt: bool = doc(True, "trainer forwards run each distinct prompt once and its completions on top "
                              "(same numbers; not under gradient checkpointing); false for a remote-code decoder "
                              "that does not take a prompt's KV cache as transformers' own models do")
-    share_prompt_min_work: float = doc(3.2e7, "share_prompt pays only when the prompt tokens a call saves times the "
-                                       "weights of one decoder layer reach this (a second decoder call has a fixed "
-                                       "cost per layer): on the tiny models short prompts do not share; 0 = whenever "
-                                       "it saves 1/8 of the call's tokens")
+    share_prompt_min_work: float = doc(1e7, "share_prompt pays only when the prompt tokens a call saves times the "
+                                       "weights of one decoder layer a token runs through reach this (a second decoder "
+                                       "call has a fixed cost per layer): on a 0.1M-weight layer a call must save ~100 "
+                                       "prompt tokens; 0 = whenever it saves 1/8 of the call's tokens")
     logprob_chunk_size: int = doc(512, "tokens per chunk when computing log-probs from hidden states (bounds the logits memory)")
 
 

@@ -139,7 +139,8 @@ def can_share_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 def share_min_saved(model, min_work: float) -> int:
     """The prompt tokens a shared call must save to pay for its second decoder call:
-    `min_work` (model.share_prompt_min_work) over the weights of one decoder layer. The second
+    `min_work` (model.share_prompt_min_work) over the weights of one decoder layer that a token
+    runs through (`active_weights`: a MoE layer's routed experts only). The second
     call costs a fixed overhead per layer (kernel launches, Python, autograd nodes), the tokens
     saved cost their matrix products (about weights x tokens): on the tiny models short prompts
     do not pay, on big ones they do (docs/benchmarks.md)."""
@@ -151,9 +152,23 @@ def share_min_saved(model, min_work: float) -> int:
         layers = getattr(body, "layers", None) if body is not None else None
         if not layers:
             return 0
-        per_layer = sum(p.numel() for layer in layers for p in layer.parameters()) / len(layers)
+        per_layer = sum(active_weights(layer, _text_config(base_model(model))) for layer in layers) / len(layers)
         model.__dict__["_gspo_layer_weights"] = per_layer
     return math.ceil(min_work / max(per_layer, 1.0))
+
+
+def active_weights(layer, config) -> float:
+    """The weights of a decoder layer that one token runs through: a MoE layer's experts count
+    num_experts_per_tok / num_experts of theirs (parameters under an `experts` module)."""
+    total = experts = 0
+    for name, p in layer.named_parameters():
+        total += p.numel()
+        if ".experts." in f".{name}":
+            experts += p.numel()
+    k, e = getattr(config, "num_experts_per_tok", None), getattr(config, "num_experts", None)
+    if experts and isinstance(k, int) and isinstance(e, int) and e > 0:
+        total -= experts * (1 - k / e)
+    return float(total)
 
 
 def _share_plan(model, input_ids, attention_mask, completion_len: int, min_work: float = 0.0):
