@@ -1,0 +1,58 @@
+"""The decode loop's KV cache (`gspo.rollout.decode`): transformers' DynamicCache with its
+full-attention layers writing into buffers allocated once, instead of concatenating the whole
+cache at every step (O(T^2) copying over a completion; bench/decode_cache.py measures it)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class BufferLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values are views of (b, heads, capacity, d) buffers: `update`
+    writes the new positions in place (reallocating only if `capacity` is ever short), and
+    `batch_select_indices` keeps the rows still decoding. Those are the two operations
+    `decode` uses; it owns the cache, so nothing else runs on it."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self._k = self._v = None
+        self._n = 0
+
+    def _view(self):
+        self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+        return self.keys, self.values
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self._n + key_states.shape[-2]
+        if self._k is None or n > self._k.shape[-2]:
+            size = max(n, self.capacity)
+            k = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
+            if self._n:
+                k[..., : self._n, :], v[..., : self._n, :] = self.keys, self.values
+            self._k, self._v = k, v
+        self._k[..., self._n : n, :] = key_states
+        self._v[..., self._n : n, :] = value_states
+        self._n = n
+        return self._view()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._n:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._view()
+
+
+def preallocated_cache(model, capacity: int) -> DynamicCache:
+    """A DynamicCache for `model` whose full-attention layers are `BufferLayer`s of `capacity`
+    positions; other layer kinds (sliding windows) stay as transformers builds them."""
+    cache = DynamicCache(config=getattr(model, "config", None))
+    if cache.layers:
+        cache.layers = [BufferLayer(capacity) if type(x) is DynamicLayer else x for x in cache.layers]
+    elif getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+        cache.layer_class_to_replicate = lambda: BufferLayer(capacity)
+    return cache
