@@ -140,35 +140,33 @@ def can_share_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 def share_min_saved(model, min_work: float) -> int:
     """The prompt tokens a shared call must save to pay for its second decoder call:
     `min_work` (model.share_prompt_min_work) over the weights of one decoder layer that a token
-    runs through (`active_weights`: a MoE layer's routed experts only). The second
+    runs through (`layer_weights`: a MoE layer's routed experts only). The second
     call costs a fixed overhead per layer (kernel launches, Python, autograd nodes), the tokens
     saved cost their matrix products (about weights x tokens): on the tiny models short prompts
     do not pay, on big ones they do (docs/benchmarks.md)."""
     if min_work <= 0:
         return 0
-    per_layer = model.__dict__.get("_gspo_layer_weights")
-    if per_layer is None:
+    per_layer = layer_weights(model)
+    return math.ceil(min_work / per_layer) if per_layer else 0
+
+
+def layer_weights(model, active: bool = True) -> float:
+    """Mean weights of one decoder layer (0 without a decoder body); with `active`, those a token
+    runs through: a MoE layer's experts count num_experts_per_tok / num_experts of theirs
+    (parameters under an `experts` module). Counted once per model."""
+    key = f"_gspo_layer_weights_{active}"
+    if key not in model.__dict__:
         body = _decoder_body(model)
         layers = getattr(body, "layers", None) if body is not None else None
-        if not layers:
-            return 0
-        per_layer = sum(active_weights(layer, _text_config(base_model(model))) for layer in layers) / len(layers)
-        model.__dict__["_gspo_layer_weights"] = per_layer
-    return math.ceil(min_work / max(per_layer, 1.0))
-
-
-def active_weights(layer, config) -> float:
-    """The weights of a decoder layer that one token runs through: a MoE layer's experts count
-    num_experts_per_tok / num_experts of theirs (parameters under an `experts` module)."""
-    total = experts = 0
-    for name, p in layer.named_parameters():
-        total += p.numel()
-        if ".experts." in f".{name}":
-            experts += p.numel()
-    k, e = getattr(config, "num_experts_per_tok", None), getattr(config, "num_experts", None)
-    if experts and isinstance(k, int) and isinstance(e, int) and e > 0:
-        total -= experts * (1 - k / e)
-    return float(total)
+        config = _text_config(base_model(model))
+        k, e = getattr(config, "num_experts_per_tok", None), getattr(config, "num_experts", None)
+        routed = k / e if active and isinstance(k, int) and isinstance(e, int) and e > 0 else 1.0
+        total = 0.0
+        for layer in layers or []:
+            for name, p in layer.named_parameters():
+                total += p.numel() * (routed if ".experts." in f".{name}" else 1.0)
+        model.__dict__[key] = total / len(layers) if layers else 0.0
+    return model.__dict__[key]
 
 
 def _share_plan(model, input_ids, attention_mask, completion_len: int, min_work: float = 0.0):

@@ -60,14 +60,12 @@ def threads_for_model(cfg: Config, model) -> int:
     """After the model loads: with `threads` auto on a machine of <= 4 cores (one thread by
     default, `setup_threads`), a compute-bound model gets every core (sync mode only; async
     mode's processes take a core each). Returns the thread count in force."""
-    from gspo.models.logprobs import _decoder_body
+    from gspo.models.logprobs import layer_weights
 
     cores = os.cpu_count() or 1
     if cfg.threads > 0 or "OMP_NUM_THREADS" in os.environ or cores > 4 or cores < 2 or cfg.rollout.mode == "async":
         return torch.get_num_threads()
-    body = _decoder_body(model)
-    layers = getattr(body, "layers", None) if body is not None else None
-    if layers and sum(p.numel() for p in layers[0].parameters()) >= COMPUTE_BOUND_LAYER_WEIGHTS:
+    if layer_weights(model, active=False) >= COMPUTE_BOUND_LAYER_WEIGHTS:
         torch.set_num_threads(cores)
     return torch.get_num_threads()
 
