@@ -113,10 +113,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
            f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
-    _check(not (a.routing_replay and r.old_logp == "sampler") or (r.mode == "async" and r.decode == "gspo"
-                                                                 and r.backend == "hf"),
-           "algo.routing_replay", "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer "
-           "(or async mode, whose decode loop records the sampler's)")
+    sampler_records_routes = r.mode == "async" and r.decode == "gspo" and r.backend == "hf"
+    _check(not (a.routing_replay and r.old_logp == "sampler") or sampler_records_routes, "algo.routing_replay",
+           "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer (or async mode with "
+           "rollout.backend=hf and rollout.decode=gspo, whose decode loop records the sampler's routes; vLLM and "
+           "transformers' generate cannot)")
     try:
         method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
         algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
@@ -155,12 +156,6 @@ def _validate_async(cfg: Config) -> None:
     _check(r.max_staleness >= 0, "rollout.max_staleness", f"must be >= 0 (got {r.max_staleness})")
     _check(r.generators >= 1, "rollout.generators", f"must be >= 1 (got {r.generators})")
     _check(r.generator_timeout_s > 0, "rollout.generator_timeout_s", "must be > 0")
-    if r.mode != "async":
-        return
-    _check(not cfg.algo.routing_replay or r.old_logp != "sampler" or (r.decode == "gspo" and r.backend == "hf"),
-           "algo.routing_replay", "with the sampler's pi_old the routes to replay are the sampler's, which only gspo's "
-           "decode loop records (not vLLM, not rollout.decode=generate): set rollout.backend=hf and "
-           "rollout.decode=gspo, or rollout.old_logp=trainer")
 
 
 def _validate_vllm(cfg: Config) -> None:

@@ -489,16 +489,14 @@ def restore_run(run, path: Path) -> dict:
 def _gathered_policy(run):
     """Every rank: the sharded policy's full weights, loaded into a fresh CPU copy on rank 0
     (None elsewhere): what async mode with FSDP2 writes as final/."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from gspo.train import distributed
+    from gspo.train.run import build_policy, policy_state
 
-    from gspo.train.run import build_policy
-
-    full = get_model_state_dict(run.trainer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = distributed.full_state_dict(run.trainer, run.dist, rank0_cpu=True)
     if not run.dist.is_main:
         return None
     model, _ = build_policy(run.cfg, torch.device("cpu"))
-    prefix = "policy."
-    model.load_state_dict({k[len(prefix):]: v for k, v in full.items()}, strict=True)
+    model.load_state_dict(policy_state(full), strict=True)
     return model
 
 

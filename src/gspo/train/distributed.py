@@ -183,13 +183,14 @@ def generator_copy(model, d: Dist):
     return None
 
 
-def full_state_dict(module: torch.nn.Module, d: Dist) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer of a (possibly sharded) module, full, on every rank."""
+def full_state_dict(module: torch.nn.Module, d: Dist, rank0_cpu: bool = False) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of a (possibly sharded) module, full, on every rank; with
+    `rank0_cpu` on rank 0 alone, in host memory (the other ranks get {})."""
     if not (d.enabled and d.strategy == "fsdp"):
         return module.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=rank0_cpu))
 
 
 # ----------------------------------------------------------------------------- sharded checkpoints

@@ -207,13 +207,18 @@ class Run:
         distributed.shutdown(self.dist)
 
 
+def policy_state(trainer_state: dict) -> dict:
+    """The policy's own names of a `LogprobModule` state dict (its keys are "policy.<name>")."""
+    prefix = "policy."
+    return {k[len(prefix):]: v for k, v in trainer_state.items()}
+
+
 def push_weights(run: Run) -> None:
     """After an update: the generator gets the new weights (a no-op when it samples from the
     trainer's own module; under FSDP2 the full copy is refreshed from the shards first)."""
     if run.generator_model is not run.policy:
-        full = distributed.full_state_dict(run.trainer, run.dist)
-        prefix = "policy."
-        run.generator_model.load_state_dict({k[len(prefix):]: v for k, v in full.items()}, strict=True)
+        run.generator_model.load_state_dict(policy_state(distributed.full_state_dict(run.trainer, run.dist)),
+                                            strict=True)
     run.generator.sync_weights(run.generator_model)
 
 
