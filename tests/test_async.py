@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from gspo.config import ConfigError, load_config
 from gspo.rollout import Rollout
-from gspo.train import async_mode, async_wire
+from gspo.train import async_job, async_mode, async_wire
 from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
 from test_resume import TINY, _env, gspo_train, metrics_without_timings
 
@@ -167,10 +167,10 @@ def test_bad_async_settings_are_refused_naming_the_field(overrides, field):
 ])
 def test_async_world_checks_under_torchrun(monkeypatch, world, generators, message):
     monkeypatch.setenv("WORLD_SIZE", world)
-    monkeypatch.delenv(async_mode.ROLE_ENV, raising=False)
+    monkeypatch.delenv(async_job.ROLE_ENV, raising=False)
     cfg = load_config(None, ["rollout.mode=async", f"rollout.generators={generators}"])
     with pytest.raises(ConfigError, match=f"'rollout.generators'.*{message}"):
-        async_mode.check_world(cfg)
+        async_job.check_world(cfg)
 
 
 def test_more_generators_than_cores_is_refused(monkeypatch):
@@ -178,7 +178,7 @@ def test_more_generators_than_cores_is_refused(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="'rollout.generators': 2 generators and the learner need 3 CPU cores"):
-        async_mode.check_world(load_config(None, ["rollout.mode=async", "rollout.generators=2"]))
+        async_job.check_world(load_config(None, ["rollout.mode=async", "rollout.generators=2"]))
 
 
 def test_torchrun_assigns_the_last_ranks_to_generators(runs, tmp_path):
@@ -244,10 +244,10 @@ def test_rollout_messages_round_trip():
 
 def test_the_schedule_samples_rollout_q_with_the_weights_after_q_minus_k():
     r = async_mode.AsyncRollouts.__new__(async_mode.AsyncRollouts)
-    r.start, r.K, r.N, r.job = 0, 2, 2, async_mode.Job(world_size=3)
+    r.start, r.K, r.N, r.job = 0, 2, 2, async_job.Job(world_size=3)
     assert [r.need(q) for q in range(6)] == [0, 0, 0, 1, 2, 3]
     assert [r.generator_of(q) for q in range(4)] == [1, 2, 1, 2]
-    r.job = async_mode.Job(world_size=4, learners=2)  # torchrun: ranks 0-1 learn, 2-3 sample
+    r.job = async_job.Job(world_size=4, learners=2)  # torchrun: ranks 0-1 learn, 2-3 sample
     assert [r.generator_of(q) for q in range(4)] == [2, 3, 2, 3]
     r.start = 3  # resumed at rollout 3: nothing older than the checkpoint's weights
     assert [r.need(q) for q in range(3, 8)] == [3, 3, 3, 4, 5]

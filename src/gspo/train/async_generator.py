@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from gspo.config import Config, from_yaml_text
 from gspo.train import faults
-from gspo.train.async_mode import ROLE_ENV, Job, _timeout, connect, learner_count, torchrun_store
+from gspo.train.async_job import ROLE_ENV, Job, _timeout, connect, learner_count, torchrun_store
 from gspo.train.async_wire import (CMD_TAG, ERROR, EVAL, EVAL_RESULT, ROLLOUT, ROLLOUT_TAG, STOP, WEIGHTS,
                                    encode_rollout, recv_message, send_message, weight_tensors)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gspo import algo
-from gspo.train import async_mode, checkpoint
+from gspo.train import async_job, checkpoint
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
 from gspo.config import Config
@@ -362,7 +362,7 @@ class _StopRequest:
 
 def train(cfg: Config, *, run: Run | None = None) -> Path:
     """Run GSPO as configured; returns the run directory (with `final/` in HF format)."""
-    if async_mode.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
+    if async_job.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
         from gspo.train.async_generator import serve
 
         serve(cfg)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gspo.train import checkpoint as ckpt
-from gspo.train import async_mode, distributed
+from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
 from gspo.train.distributed import Dist
@@ -307,8 +307,8 @@ def build_run(cfg: Config) -> Run:
     asynchronous = cfg.rollout.mode == "async"
     store = None
     if asynchronous:  # the learner ranks' own group; their job with the generators is async_mode's
-        async_mode.check_world(cfg)
-        d, store = async_mode.learner_dist(cfg, resolve_device(cfg.model.device))
+        async_job.check_world(cfg)
+        d, store = async_job.learner_dist(cfg, resolve_device(cfg.model.device))
     else:
         d = distributed.init_distributed(cfg.distributed.strategy, resolve_device(cfg.model.device),
                                          cfg.distributed.backend, cfg.distributed.timeout_s)
@@ -331,7 +331,7 @@ def build_run(cfg: Config) -> Run:
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list)
-    job = async_mode.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
+    job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
     threads_for_model(cfg, model)
@@ -379,7 +379,7 @@ def build_run(cfg: Config) -> Run:
                           num_workers=cfg.rewards.num_workers)
     remote = None
     if job is not None:
-        async_mode.connect(job, cfg, d.device)
+        async_job.connect(job, cfg, d.device)
         remote = async_mode.AsyncRollouts(cfg, job, model, tok, prompts, cfg.schedule.rollouts)
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
