@@ -105,6 +105,49 @@ def run_gspo(spec: dict) -> dict:
     return _cell_result("gspo", spec, marks, snaps, tokens, t_setup, n_params, torch.get_num_threads())
 
 
+def run_gspo_async(spec: dict) -> dict:
+    """gspo in async mode as a user starts it: `gspo train ... rollout.mode=async` (one learner
+    and one generator process, K = rollout.max_staleness = 1), each process at its default of one
+    thread. A rollout's wall time is the learner's `time/step` (from the start of one rollout to
+    the start of the next: waiting for the generator, scoring, π_old, the M updates and the
+    weight push), read from metrics.jsonl; the phases are the learner's own timers."""
+    import subprocess
+
+    total = spec["warmup"] + spec["rollouts"]
+    with tempfile.TemporaryDirectory(prefix="trl-compare-gspo-async-") as tmp:
+        overrides = [o for o in _gspo_overrides(spec, total, tmp) if not o.startswith("rewards.num_workers")]
+        overrides += ["rewards.functions=[{name: 'trl_compare:bench_reward'}]", "rewards.num_workers=1",
+                      "rollout.mode=async", f"rollout.max_staleness={spec.get('staleness', 1)}"]
+        t0 = time.perf_counter()
+        cpu0 = _cpu_sample()
+        p = subprocess.run([sys.executable, "-m", "gspo", "train", *overrides], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")])})
+        wall = time.perf_counter() - t0
+        cpu1 = _cpu_sample()
+        if p.returncode != 0:
+            raise RuntimeError(f"gspo async failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
+        per_rollout, update = {}, {}
+        for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines():  # a line per optimizer step
+            r = json.loads(line)
+            if "time/step" in r:
+                per_rollout[r["rollout"]] = r
+                update[r["rollout"]] = update.get(r["rollout"], 0.0) + r.get("time/update", 0.0)
+        recs = [per_rollout[k] for k in sorted(per_rollout)][spec["warmup"]:]
+    times = [r["time/step"] for r in recs]
+    n_seq = spec["B"] * spec["G"]
+    tok = [r["completion/len_mean"] * n_seq for r in recs]
+    phase = {"generate": statistics.fmean(r.get("time/generate", 0.0) for r in recs),  # the learner's wait
+             "score": statistics.fmean(r.get("time/score", 0.0) for r in recs),
+             "pi_old": statistics.fmean(r.get("time/old_logp", 0.0) for r in recs),
+             "update": statistics.fmean(update[r["rollout"]] for r in recs)}
+    phase["other"] = statistics.fmean(times) - sum(phase.values())
+    busy = max(0.0, (cpu1[1] - cpu0[1]) - (cpu1[2] - cpu0[2])) / max(cpu1[0] - cpu0[0], 1e-9)
+    return {"framework": "gspo-async", "rollout_s": times, "median_s": statistics.median(times),
+            "tokens": tok, "tokens_per_s": sum(tok) / sum(times), "mean_completion_len": sum(tok) / (len(tok) * n_seq),
+            "phases": phase, "setup_s": wall - sum(per_rollout[k]["time/step"] for k in per_rollout),
+            "params": 0, "threads": 1, "others_cores": busy}
+
+
 def run_trl(spec: dict) -> dict:
     import torch
     from datasets import Dataset
@@ -283,6 +326,8 @@ def _profile_top(prof, n: int = 25) -> list[str]:
 def worker_main(framework: str, spec: dict) -> None:
     if framework == "gspo":
         res = run_gspo(spec)
+    elif framework == "gspo-async":
+        res = run_gspo_async(spec)
     else:
         res = run_trl(spec)
     print(_MARK + json.dumps(res), flush=True)

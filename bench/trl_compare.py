@@ -184,7 +184,7 @@ def run_cell(framework: str, spec: dict, timeout: float) -> dict:
     """One (framework, round) cell in a fresh process (bench/trl_cells.py); its result."""
     cmd = [sys.executable, str(BENCH / "trl_cells.py"), framework, json.dumps(spec)]
     env = _env()
-    if framework == "gspo":  # gspo picks its own thread count (1 on <= 4 cores, all for a compute-bound model)
+    if framework.startswith("gspo"):  # gspo picks its own thread count (1 on <= 4 cores, all for a compute-bound model)
         env.pop("OMP_NUM_THREADS", None)
         env.pop("MKL_NUM_THREADS", None)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=str(ROOT))
@@ -218,12 +218,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--trl-threads", type=int, nargs="+", default=[1],
                     help="torch thread counts to run the TRL side at; each round takes its fastest (gspo runs at "
                          "its default: 1 thread on <= 4 cores)")
+    ap.add_argument("--async", dest="async_mode", action="store_true",
+                    help="also run gspo in async mode (rollout.mode=async: a learner and a generator process, "
+                         "K=1), reported beside sync mode as its own ratio")
     ap.add_argument("--gspo-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra gspo config override, repeatable (e.g. rollout.old_logp=trainer)")
     a = ap.parse_args(argv)
 
     skip = "--gspo-only" if a.gspo_only else trl_available()
-    frameworks = ["gspo"] if skip else ["gspo", "trl"]
+    frameworks = (["gspo"] if skip else ["gspo", "trl"]) + (["gspo-async"] if a.async_mode else [])
     if skip and not a.gspo_only:
         print(f"TRL side skipped: {skip}", file=sys.stderr)
     if a.quick:
@@ -271,11 +274,21 @@ def main(argv: list[str] | None = None) -> dict:
         worst = min(results["workloads"], key=lambda n: results["workloads"][n].get("ratio_trl_over_gspo", 1e9))
         results["summary"] = {"cells": len(ratios), "median_ratio": statistics.median(ratios),
                               "worst_ratio": min(ratios), "worst_cell": worst, "best_ratio": max(ratios)}
+    ratios_async = {n: w["ratio_trl_over_gspo_async"] for n, w in results["workloads"].items()
+                    if "ratio_trl_over_gspo_async" in w}
+    if ratios_async:
+        v = list(ratios_async.values())
+        results["summary_async"] = {"cells": len(v), "median_ratio": statistics.median(v), "worst_ratio": min(v),
+                                    "worst_cell": min(ratios_async, key=ratios_async.get), "best_ratio": max(v)}
     print(format_table(results))
     if "summary" in results:
         sm = results["summary"]
         print(f"TRL/gspo over {sm['cells']} cells: median {sm['median_ratio']:.2f}x, worst {sm['worst_ratio']:.2f}x "
               f"({sm['worst_cell']}), best {sm['best_ratio']:.2f}x")
+    if "summary_async" in results:
+        sm = results["summary_async"]
+        print(f"TRL/gspo-async over {sm['cells']} cells: median {sm['median_ratio']:.2f}x, worst "
+              f"{sm['worst_ratio']:.2f}x ({sm['worst_cell']}), best {sm['best_ratio']:.2f}x")
     if a.profile:
         for name, wres in results["workloads"].items():
             for fw in frameworks:
@@ -306,6 +319,9 @@ def _summarise(name, w, info, spec, cells, frameworks) -> dict:
         }
     if "trl" in frameworks:
         ratios = [c["trl"]["median_s"] / c["gspo"]["median_s"] for c in cells]
+        if "gspo-async" in frameworks:
+            out["ratios_async"] = [c["trl"]["median_s"] / c["gspo-async"]["median_s"] for c in cells]
+            out["ratio_trl_over_gspo_async"] = statistics.median(out["ratios_async"])
         out["ratio_trl_over_gspo"] = statistics.median(ratios)
         out["ratios"] = ratios
         # the same in completion tokens/s (gspo over TRL), neutral to any difference in lengths
@@ -314,7 +330,7 @@ def _summarise(name, w, info, spec, cells, frameworks) -> dict:
 
 
 def format_table(results: dict) -> str:
-    head = (f"{'workload':<18} {'params':>7} {'BxG,T':>9} {'side':<5} {'s/rollout':>10} {'tok/s':>8} {'len':>6} "
+    head = (f"{'workload':<18} {'params':>7} {'BxG,T':>9} {'side':<10} {'s/rollout':>10} {'tok/s':>8} {'len':>6} "
             f"{'gen':>7} {'pi_old':>7} {'update':>7} {'other':>7}  TRL/gspo")
     lines = [head]
     for name, w in results["workloads"].items():
@@ -324,14 +340,16 @@ def format_table(results: dict) -> str:
             f, ph = w[fw], w[fw]["phases"]
             c = first if i == 0 else ["", "", ""]
             ratio = f"{w['ratio_trl_over_gspo']:.2f}x" if i == 0 and "ratio_trl_over_gspo" in w else ""
-            lines.append(f"{c[0]:<18} {c[1]:>7} {c[2]:>9} {fw:<5} {f['rollout_s']:>10.3f} {f['tokens_per_s']:>8.0f} "
+            if fw == "gspo-async" and "ratio_trl_over_gspo_async" in w:
+                ratio = f"{w['ratio_trl_over_gspo_async']:.2f}x"
+            lines.append(f"{c[0]:<18} {c[1]:>7} {c[2]:>9} {fw:<10} {f['rollout_s']:>10.3f} {f['tokens_per_s']:>8.0f} "
                          f"{f['mean_completion_len']:>6.1f} {ph['generate']:>7.3f} {ph['pi_old']:>7.3f} "
                          f"{ph['update']:>7.3f} {ph['other'] + ph['score']:>7.3f}  {ratio}")
     busy = max(w[fw]["others_cores_max"] for w in results["workloads"].values() for fw in results["frameworks"])
     m = results["machine"]
     lines.append(f"(median over rounds; phases in s per rollout, 'other' includes the reward; {m['cpu']}, "
                  f"{m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, trl {m.get('trl', '-')}, "
-                 f"gspo {sorted({c['gspo']['threads'] for w in results['workloads'].values() for c in w['cells']})} threads (its default), TRL the best of {sorted({c['trl']['threads'] for w in results['workloads'].values() for c in w['cells']}) if 'trl' in results['frameworks'] else '-'} threads; other processes kept up to {busy:.2f} cores busy during a timed cell)")
+                 f"gspo {sorted({c['gspo']['threads'] for w in results['workloads'].values() for c in w['cells']})} threads (its default; async: 1 a process), TRL the best of {sorted({c['trl']['threads'] for w in results['workloads'].values() for c in w['cells']}) if 'trl' in results['frameworks'] else '-'} threads; other processes kept up to {busy:.2f} cores busy during a timed cell)")
     return "\n".join(lines)
 
 

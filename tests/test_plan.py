@@ -3,19 +3,44 @@ simulated processes without starting any (build_plan is a pure function of their
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 
-from gspo.train.plan import build_plan
+from gspo.train.plan import LengthCuts, bucket_costs, build_plan
 
 
 def _plans(per_rank: list[dict], **common) -> list:
-    """build_plan on every simulated process: a first call per process collects the vector it
-    would send, a second gets all of them, as Dist.all_gather gives them."""
-    sent = []
-    for kw in per_rank:
-        build_plan(**kw, **common, gather=lambda v: sent.append(v) or v[None])
-    every = torch.stack(sent)
-    return [build_plan(**kw, **common, gather=lambda v: every.flatten()) for kw in per_rank]
+    """build_plan on every simulated process, each in a thread, its all-gathers answered as
+    Dist.all_gather would: every process's vector, once all have sent one."""
+    n = len(per_rank)
+    slots: list = [None] * n
+    barrier = threading.Barrier(n, timeout=10)
+    plans: list = [None] * n
+    errors: list = []
+
+    def one(r):
+        def gather(v):
+            slots[r] = v
+            barrier.wait()
+            every = torch.stack(list(slots))
+            barrier.wait()  # everyone has read before the next gather overwrites
+            return every
+        try:
+            plans[r] = build_plan(**per_rank[r], **common, gather=gather)
+        except BaseException as e:  # surface it in the test, and free the others
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return plans
 
 
 def _rank(lengths, live=None, minibatches=((0, 1, 2, 3), (4, 5, 6, 7))):
@@ -99,3 +124,65 @@ def test_under_fsdp_a_forward_shares_its_prompts_only_where_every_process_can():
     # one process, DDP: no can_share, so each forward decides for itself
     (alone,) = _plans([ranks[0]], **kw)
     assert all(m.share is None for mb in alone.minibatches for m in mb.micro) and alone.old_share == [None, None]
+
+
+def test_bucket_costs_by_hand():
+    # two rows of length 1 and two of length 10, no prompt: one forward pads all four to 10
+    # (4 x 10 = 40 tokens); two forwards cost 2 x 1 + 2 x 10 = 22
+    cost, cut = bucket_costs(torch.tensor([1, 10]), torch.tensor([2, 2]), torch.zeros(2), 8)
+    assert cost.tolist() == [40.0, 22.0]
+    assert cut[0, :2].tolist() == [0, 2] and cut[1].tolist() == [0, 1, 2]
+    # a 5-token prompt on each row: + 4 x 5 = 20 in either cut
+    cost, _ = bucket_costs(torch.tensor([1, 10]), torch.tensor([2, 2]), torch.full((2,), 10.0), 8)
+    assert cost.tolist() == [60.0, 42.0]
+
+
+def test_length_cuts_take_the_count_that_pays():
+    rows, lengths = torch.arange(8), torch.tensor([5, 100, 3, 90, 4, 100, 2, 95])
+    # one forward: 8 x 100 = 800; two: 4 x 5 + 4 x 100 = 420; three: 20 + 2 x 95 + 2 x 100 = 410;
+    # four: 20 + 90 + 95 + 200 = 405. With 20 tokens a call: 800, 440, 450, 465 -> two forwards
+    cuts = LengthCuts(rows, lengths, call_cost=20, max_buckets=4)
+    assert cuts.best == 2
+    assert [b.tolist() for b in cuts.buckets(2)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert LengthCuts(rows, lengths, call_cost=0, max_buckets=4).best == 4  # calls free: the most
+    assert LengthCuts(rows, lengths, call_cost=1000, max_buckets=4).best == 1  # calls dear: one forward
+    assert LengthCuts(rows, lengths, call_cost=0, max_buckets=2).best == 2     # capped
+    # a forced count: every row once, in forwards of rising length; empty ones past the lengths
+    forced = LengthCuts(rows[:3], lengths, call_cost=0, max_buckets=8).buckets(5)
+    assert [b.tolist() for b in forced] == [[2], [0], [1], [], []]
+    # rows of one length are never cut apart, whatever a call costs
+    same = LengthCuts(rows, torch.full((8,), 7), call_cost=0, max_buckets=8)
+    assert same.best == 1 and same.buckets(1)[0].tolist() == list(range(8))
+
+
+def test_length_cuts_keep_a_groups_rows_together_when_it_shares_its_prompt():
+    # groups {0,1} and {2,3}: lengths (1, 10) and (2, 9); 100-token prompts, run once a group.
+    # Kept together, one forward costs 4 x 10 + 2 x 100 = 240 and the only cut is by group
+    # (2 x 10 + 100 + 2 x 9 + 100 = 238). Rows on their own would cut (0, 2) from (1, 3).
+    rows, lengths, groups = torch.arange(4), torch.tensor([1, 10, 2, 9]), torch.tensor([0, 0, 1, 1])
+    shared = LengthCuts(rows, lengths, call_cost=0, max_buckets=4, prompt_len=100, group_of=groups)
+    assert sorted(b.tolist() for b in shared.buckets(2)) == [[0, 1], [2, 3]]
+    alone = LengthCuts(rows, lengths, call_cost=0, max_buckets=2, prompt_len=100)
+    assert sorted(sorted(b.tolist()) for b in alone.buckets(2)) == [[0, 2], [1, 3]]
+
+
+def test_processes_agree_on_the_count_of_forwards_cut_by_length():
+    # process 0's minibatch 0 has lengths spread out, process 1's all alike: each runs the most
+    # forwards any process wants (empty ones are placeholders), and every live row once
+    buckets = dict(call_cost=0.0, max_buckets=4)
+    spread, alike = _rank([1, 5, 20, 60, 3, 3, 3, 3]), _rank([4, 4, 4, 4, 9, 9, 9, 9], [1, 1, 1, 0, 1, 1, 1, 1])
+    p0, p1 = _plans([spread, alike], micro_size=0, token_mean=False, old_pass=False, old_forward_size=4,
+                    buckets=buckets)
+    assert [len(mb.micro) for mb in p0.minibatches] == [len(mb.micro) for mb in p1.minibatches] == [4, 1]
+    assert [m.rows.tolist() for m in p0.minibatches[0].micro] == [[0], [1], [2], [3]]
+    mb0 = p1.minibatches[0].micro
+    assert [m.placeholder for m in mb0] == [False, True, True, True] and mb0[0].rows.tolist() == [0, 1, 2]
+    for p, live in ((p0, 8), (p1, 7)):
+        ran = [r for mb in p.minibatches for m in mb.micro if not m.placeholder for r in m.rows.tolist()]
+        assert sorted(ran) == sorted(set(ran)) and len(ran) == live
+        for mb in p.minibatches:  # seq-mean weights: rows / the minibatch's rows, skipped ones counted
+            assert sum(m.weight for m in mb.micro) == pytest.approx(sum(m.num_rows for m in mb.micro) / 4)
+    # with a micro-batch size the rows are sorted by length, then cut: the same count of forwards
+    (sorted_,) = _plans([spread], micro_size=2, token_mean=False, old_pass=False, old_forward_size=4, buckets=buckets)
+    assert [m.rows.tolist() for m in sorted_.minibatches[0].micro] == [[0, 1], [2, 3]]
+    assert [m.rows.tolist() for m in sorted_.minibatches[1].micro] == [[4, 5], [6, 7]]

@@ -278,26 +278,39 @@ def test_on_policy_schedule_runs_no_separate_pi_old_pass(tmp_path):
 
 
 def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
-    """Splitting a minibatch into micro-batches of uneven lengths changes no metric: token
-    fractions are token-weighted, ratio min / max are the min / max (not averages)."""
+    """Splitting a minibatch into micro-batches of uneven lengths (row by row, sorted pairs, or
+    cut by length) changes no metric and no update: token fractions are token-weighted, ratio
+    min / max are the min / max (not averages)."""
     import dataclasses
 
     from gspo.train import old_logprobs
 
-    results = []
-    for i, micro in enumerate((0, 1)):
+    results, forwards, params = [], [], []
+    settings = [("schedule.micro_batch_size=0", "schedule.length_buckets=1"),  # one forward a minibatch
+                ("schedule.micro_batch_size=1", "schedule.length_buckets=1"),  # one a row
+                ("schedule.micro_batch_size=2", "schedule.length_buckets=8"),  # pairs of rows sorted by length
+                # cut by length (a call made cheap, so that the tiny model's minibatch is cut)
+                ("schedule.micro_batch_size=0", "schedule.length_buckets=8", "model.share_prompt_min_work=1e3",
+                 "model.share_prompt=false")]  # (sharing would keep each group, lengths 1..4, together)
+    for i, extra in enumerate(settings):
         ctx, rollout, adv, plan, state, torch = _step_inputs(
-            tmp_path / str(i), "schedule.num_minibatches=2", f"schedule.micro_batch_size={micro}", "optim.lr=0.05")
+            tmp_path / str(i), "schedule.num_minibatches=2", *extra, "optim.lr=0.05")
         lengths = torch.arange(rollout.num_samples) % rollout.completion_ids.shape[1] + 1  # 1..T, uneven
         keep = (torch.arange(rollout.completion_ids.shape[1])[None, :] < lengths[:, None]).long()
         rollout = dataclasses.replace(rollout, completion_mask=rollout.completion_mask * keep)
         the_plan = _plan(ctx, rollout, adv, state)
+        forwards.append([len(mb.micro) for mb in the_plan.minibatches])
         results.append(_update(ctx, rollout, old_logprobs(ctx, rollout, the_plan), adv, state, the_plan))
+        params.append(torch.cat([p.detach().flatten() for p in ctx.policy.parameters()]))
         ctx.close()
-    whole, split = results
-    for k in ("clip/token_frac", "kl/approx", "ratio/seq_min", "ratio/seq_max", "clip/seq_frac", "loss"):
-        assert split[1][k] == pytest.approx(whole[1][k], rel=1e-4, abs=1e-7), k  # step 2 follows a step
-    assert split[1]["ratio/seq_min"] < split[1]["ratio/seq_max"]  # the second step is off-policy
+    whole = results[0]
+    assert forwards[0] == [1, 1] and forwards[1] == [8, 8] and forwards[2] == [4, 4]
+    assert all(1 < n < 8 for n in forwards[3]), forwards[3]  # cut by length, not row by row
+    for split, theta in zip(results[1:], params[1:]):
+        for k in ("clip/token_frac", "kl/approx", "ratio/seq_min", "ratio/seq_max", "clip/seq_frac", "loss"):
+            assert split[1][k] == pytest.approx(whole[1][k], rel=1e-4, abs=1e-7), k  # step 2 follows a step
+        assert split[1]["ratio/seq_min"] < split[1]["ratio/seq_max"]  # the second step is off-policy
+        assert torch.allclose(theta, params[0], rtol=1e-4, atol=1e-6)  # the same update, however it is cut
 
 
 @pytest.mark.parametrize("extra,has_routers,want", [

@@ -185,6 +185,10 @@ class ScheduleConfig:
     rollouts: int = doc(100, "number of rollouts (each: generate, score, num_minibatches optimizer steps)")
     num_minibatches: int = doc(4, "optimizer steps per rollout (paper §5.1: 4, so steps 2-4 are off-policy)")
     micro_batch_size: int = doc(0, "sequences per forward/backward inside a minibatch (0 = the whole minibatch)")
+    length_buckets: int = doc(8, "with micro_batch_size=0, split a minibatch's forward into at most this many "
+                              "forwards of rows of similar length where the padding it saves pays for the extra "
+                              "calls (1 = one forward); with micro_batch_size > 0 the rows are sorted by length "
+                              "before they are cut into micro-batches")
     skip_zero_advantage: bool = doc(True, "leave rows with advantage 0 (a group whose rewards are all equal) out of the "
                                     "trainer's passes: they add exactly 0 to the loss and gradient; metrics then cover "
                                     "the other rows (rows/skipped_frac); false: clip and ratio metrics over every row, "

@@ -87,6 +87,7 @@ def validate(cfg: Config) -> None:
            f"the rollout of {r.prompts_per_step} x {r.group_size} = {n} sequences does not split into {s.num_minibatches} minibatches")
     mb = n // s.num_minibatches
     _check(s.micro_batch_size >= 0, "schedule.micro_batch_size", "must be >= 0")
+    _check(s.length_buckets >= 1, "schedule.length_buckets", "must be >= 1 (1 = one forward per minibatch)")
     _check(s.micro_batch_size <= mb, "schedule.micro_batch_size",
            f"{s.micro_batch_size} is larger than the minibatch ({mb} sequences)")
     _check(s.micro_batch_size == 0 or mb % s.micro_batch_size == 0, "schedule.micro_batch_size",

@@ -24,7 +24,7 @@ from gspo.train import async_job, checkpoint
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
 from gspo.config import Config
-from gspo.models.logprobs import can_share_prompt
+from gspo.models.logprobs import can_share_prompt, share_min_saved
 from gspo.data import format_prompt
 from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
@@ -192,7 +192,24 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",
                       old_pass=run.old_logp == "trainer", old_forward_size=s.micro_batch_size or max(n // s.num_minibatches, 1),
                       gather=d.all_gather,  # under FSDP2 every decoder call gathers shards: agree on sharing
-                      can_share=can_share if d.enabled and d.strategy == "fsdp" else None)
+                      can_share=can_share if d.enabled and d.strategy == "fsdp" else None,
+                      buckets=length_cut_costs(run, rollout))
+
+
+def length_cut_costs(run: Run, rollout: Rollout) -> dict | None:
+    """What cutting a minibatch's forward by length costs (the arguments of `gspo.train.plan.LengthCuts`),
+    or None with schedule.length_buckets=1. One more decoder call is worth the tokens whose matrix
+    products cost what its fixed overhead does: the same measure as prompt sharing's threshold
+    (`share_min_saved`, from model.share_prompt_min_work). A group's rows are kept together where
+    its prompt, run once, saves more than that."""
+    s, m = run.cfg.schedule, run.cfg.model
+    if s.length_buckets <= 1:
+        return None
+    call = share_min_saved(run.policy, m.share_prompt_min_work)
+    prompt = int(rollout.prompt_mask.sum(1).max()) if rollout.num_samples else 0
+    shares = m.share_prompt and (rollout.group_size - 1) * prompt >= max(call, 1)
+    return dict(call_cost=float(call), max_buckets=s.length_buckets, prompt_len=prompt,
+                group_of=rollout.group_ids.cpu() if shares else None)
 
 
 def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool | None):

@@ -16,6 +16,12 @@ of forwards in the same order, whatever its own rows. Three things differ betwee
 - whether a forward runs each distinct prompt once (`model.share_prompt`) changes how many
   decoder calls it makes: under FSDP2 a forward shares only if it does on every process.
 
+Padding: a forward costs about (rows x the longest row), so a minibatch's rows are cut by
+length (`LengthCuts`): into up to `schedule.length_buckets` forwards of similar length,
+where the padding saved pays for the extra calls, or, with a micro-batch size, sorted by length
+before they are cut. Under torchrun the processes agree on how many forwards (the most any
+process wants), in one more all-gather.
+
 `build_plan` takes every process's counts from `gather` (one all-gather of a short vector;
 the identity on one process), so it is a pure function of them and is tested without processes
 (`tests/test_plan.py`). The other cross-process decision of a step, stopping on a signal, is
@@ -69,9 +75,95 @@ class Plan:
 Gather = Callable[[torch.Tensor], torch.Tensor]  # (k,) float64 -> (world_size, k): every process's vector
 
 
+def bucket_costs(unit_len: torch.Tensor, unit_rows: torch.Tensor, unit_prompt: torch.Tensor,
+                 max_buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best cuts of units sorted by length into k = 1..K contiguous forwards (K = min(max_buckets, units)).
+
+    A forward over units i..j-1 costs (their rows) x (the longest, unit_len[j-1]) completion
+    tokens plus their prompt tokens (unit_prompt: a row's prompt, or a group's once when the
+    forward shares it). Returns cost (K,) of the best k-cut and cut (K, K+1) long: the k-cut's
+    forward b runs units cut[k-1, b]..cut[k-1, b+1]-1. Dynamic programming over the last cut,
+    each step one (n+1) x (n+1) tensor operation."""
+    n = len(unit_len)
+    K = max(1, min(max_buckets, n))
+    zero = torch.zeros(1, dtype=torch.float64)
+    rows = torch.cat([zero, unit_rows.double().cumsum(0)])      # (n+1,) rows of units 0..j-1
+    prompt = torch.cat([zero, unit_prompt.double().cumsum(0)])  # (n+1,)
+    end_len = torch.cat([zero, unit_len.double()])              # (n+1,) the longest of units ..j-1
+    i, j = torch.arange(n + 1)[:, None], torch.arange(n + 1)[None, :]
+    # cost of one forward over units i..j-1, inf where i >= j
+    seg = (rows[None, :] - rows[:, None]) * end_len[None, :] + (prompt[None, :] - prompt[:, None])
+    seg = seg.masked_fill(i >= j, float("inf"))
+    best = torch.full((n + 1,), float("inf"), dtype=torch.float64)
+    best[0] = 0.0
+    backs, costs = [], []
+    for _ in range(K):
+        total = best[:, None] + seg          # (i, j): the k-1 cut of 0..i-1, then one forward i..j-1
+        best, back = total.min(0)
+        backs.append(back)
+        costs.append(best[n])
+    cut = torch.zeros((K, K + 1), dtype=torch.long)
+    for k in range(1, K + 1):
+        at = n
+        cut[k - 1, k] = at
+        for b in range(k, 0, -1):
+            at = int(backs[b - 1][at])
+            cut[k - 1, b - 1] = at
+    return torch.stack(costs), cut
+
+
+# Above this many distinct lengths, `LengthCuts` rounds lengths up onto this many levels (its
+# cost estimate only; the forwards still trim to their own rows).
+_MAX_LEVELS = 256
+
+
+class LengthCuts:
+    """The rows of one minibatch cut into forwards of similar completion length.
+
+    `best` is the bucket count that minimises the padded tokens (`bucket_costs`) plus
+    `call_cost` tokens for each forward after the first (what a call's fixed overhead is worth
+    in tokens), at most `max_buckets`; `buckets(k)` cuts into exactly k (under torchrun, the
+    count every process agreed on: empty buckets where there are too few lengths). With
+    `group_of` (N,) a group's rows stay in one forward, which runs their prompt once (prompt
+    sharing); otherwise every row pays `prompt_len`. Rows of one length are never cut apart:
+    that would only add a call."""
+
+    def __init__(self, rows: torch.Tensor, lengths: torch.Tensor, *, call_cost: float, max_buckets: int,
+                 prompt_len: int = 0, group_of: torch.Tensor | None = None):
+        self.rows = rows
+        if len(rows) == 0:
+            self.best = 0
+            return
+        lens = lengths[rows]
+        key = group_of[rows] if group_of is not None else torch.arange(len(rows))
+        units, unit_of = torch.unique(key, return_inverse=True)
+        u_len = torch.zeros(len(units), dtype=lens.dtype).scatter_reduce(0, unit_of, lens, "amax", include_self=False)
+        u_rows = torch.bincount(unit_of, minlength=len(units))
+        u_prompt = float(prompt_len) * (torch.ones(len(units)) if group_of is not None else u_rows.double())
+        levels, level_of = torch.unique(u_len, sorted=True, return_inverse=True)
+        if len(levels) > _MAX_LEVELS:  # coarser levels for the estimate
+            step = -(-int(levels[-1]) // _MAX_LEVELS)
+            levels, level_of = torch.unique((u_len + step - 1) // step * step, sorted=True, return_inverse=True)
+        l_rows = torch.zeros(len(levels), dtype=torch.long).index_add_(0, level_of, u_rows)
+        l_prompt = torch.zeros(len(levels), dtype=torch.float64).index_add_(0, level_of, u_prompt.double())
+        self.cost, self.cut = bucket_costs(levels, l_rows, l_prompt, max_buckets)
+        self.best = int((self.cost + call_cost * torch.arange(len(self.cost))).argmin()) + 1
+        self.level_of_row = level_of[unit_of]  # (len(rows),)
+
+    def buckets(self, k: int) -> list[torch.Tensor]:
+        if self.best == 0:
+            return [self.rows[:0]] * k
+        kk = min(k, len(self.cost))
+        out = []
+        for b in range(kk):
+            lo, hi = int(self.cut[kk - 1, b]), int(self.cut[kk - 1, b + 1])
+            out.append(self.rows[(self.level_of_row >= lo) & (self.level_of_row < hi)])
+        return out + [self.rows[:0]] * (k - kk)
+
+
 def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, live: torch.Tensor | None,
                micro_size: int, token_mean: bool, old_pass: bool, old_forward_size: int,
-               gather: Gather, can_share=None) -> Plan:
+               gather: Gather, can_share=None, buckets: dict | None = None) -> Plan:
     """The plan of one rollout on this process.
 
     `minibatch_rows` are the local rows of each optimizer step (`gspo.train.minibatches`);
@@ -83,10 +175,23 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     `can_share(rows) -> bool` says whether the forward over `rows` would run each distinct
     prompt once (`gspo.models.logprobs.can_share_prompt`); given it (FSDP2), a forward shares
     only if it does on every process. Without it the plan leaves the decision to each forward
-    (None), which costs nothing where the processes need not agree."""
+    (None), which costs nothing where the processes need not agree. `buckets` (the keyword
+    arguments of `LengthCuts`; None: no cut by length) cuts each minibatch's forward
+    by length, or with `micro_size` sorts its rows by length before they are cut."""
     lengths = lengths.cpu()
-    pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in minibatch_rows]
-    kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
+    if micro_size and buckets is not None:
+        minibatch_rows_sorted = [mb[lengths[mb].argsort(stable=True)] for mb in minibatch_rows]
+        pieces = [list(mb.split(micro_size)) for mb in minibatch_rows_sorted]
+        kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
+    elif buckets is not None:
+        cuts = [LengthCuts(mb if live is None else mb[live[mb]], lengths, **buckets) for mb in minibatch_rows]
+        want = torch.tensor([c.best for c in cuts], dtype=torch.float64)
+        k = gather(want).view(-1, len(cuts)).max(0).values.long().tolist()  # the most any process wants
+        kept = [c.buckets(max(kb, 1)) for c, kb in zip(cuts, k)]
+        pieces = [[b if len(b) else mb[:1] for b in mb_kept] for mb, mb_kept in zip(minibatch_rows, kept)]
+    else:
+        pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in minibatch_rows]
+        kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
     old_rows = torch.tensor([], dtype=torch.long)
     if old_pass:
         need = torch.ones(len(lengths), dtype=torch.bool) if live is None else live.clone()
