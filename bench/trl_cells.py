@@ -136,7 +136,7 @@ def run_gspo_async(spec: dict) -> dict:
     times = [r["time/step"] for r in recs]
     n_seq = spec["B"] * spec["G"]
     tok = [r["completion/len_mean"] * n_seq for r in recs]
-    phase = {"generate": statistics.fmean(r.get("time/generate", 0.0) for r in recs),  # the learner's wait
+    phase = {"generate": statistics.fmean(r.get("async/learner_idle_s", 0.0) for r in recs),  # the learner waiting
              "score": statistics.fmean(r.get("time/score", 0.0) for r in recs),
              "pi_old": statistics.fmean(r.get("time/old_logp", 0.0) for r in recs),
              "update": statistics.fmean(update[r["rollout"]] for r in recs)}
