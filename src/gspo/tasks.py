@@ -75,7 +75,17 @@ def sorting(n: int, *, seed: int, difficulty: int = DataConfig.difficulty) -> li
     return rows
 
 
-TASKS: dict[str, Callable[..., list[dict]]] = {"arithmetic": arithmetic, "sorting": sorting}
+def _tool_task(name: str):
+    def make(n: int, *, seed: int, difficulty: int = DataConfig.difficulty) -> list[dict]:
+        from gspo import tool_tasks
+
+        return getattr(tool_tasks, name)(n, seed=seed, difficulty=difficulty)
+    make.__doc__ = f"The multi-turn task gspo.tool_tasks.{name} (its tools or environment: docs/tools.md)."
+    return make
+
+
+TASKS: dict[str, Callable[..., list[dict]]] = {"arithmetic": arithmetic, "sorting": sorting,
+                                               "multiply": _tool_task("multiply"), "guess": _tool_task("guess")}
 
 
 def make_task(name: str, n: int, seed: int, difficulty: int = DataConfig.difficulty) -> list[dict]:

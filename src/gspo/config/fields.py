@@ -118,6 +118,21 @@ class RolloutConfig:
                              "0 = on-policy, the same parameters as sync mode)")
     generator_timeout_s: float = doc(600.0, "rollout.mode=async: a generator that sends nothing for this long is "
                                      "counted as hung and the run stops (its last checkpoint intact)")
+    tools: list = doc([], "multi-turn tool use: the tools the model may call, by import path (pkg.mod:fn or "
+                      "path/file.py:fn; type hints and a docstring with Args:, docs/tools.md); empty = one completion "
+                      "per prompt")
+    environment: str = doc("", "multi-turn episodes with an environment: a class by import path (pkg.mod:Class); one "
+                           "instance per episode, reset(**row) gives the first observation, its public methods are "
+                           "tools, step(messages) -> (messages, done) answers a turn without a call, its reward "
+                           "reaches the reward functions as the env_reward column (docs/tools.md)")
+    tool_parser: str = doc("hermes", "how tool calls are read from a turn: hermes (<tool_call>{json}</tool_call>, Qwen "
+                           "and Hermes templates) or a function text -> list[ToolCall] by import path")
+    max_turns: int = doc(4, "rollout.tools: model turns per episode at most (the last turn's calls are not run)")
+    max_episode_tokens: int = doc(0, "rollout.tools: tokens after the prompt per episode at most, the model's and the "
+                                  "tool replies' (0 = max_turns x max_new_tokens)")
+    tool_timeout_s: float = doc(10.0, "rollout.tools: deadline of one tool call (its worker is then killed and the "
+                                "model reads a timeout error)")
+    tool_workers: int = doc(1, "rollout.tools: worker processes that run tool calls (0 = in-process, no deadline)")
 
 
 @dataclass

@@ -81,6 +81,7 @@ def validate(cfg: Config) -> None:
     _check(r.decode in ("gspo", "generate"), "rollout.decode", f"'{r.decode}' is not gspo | generate")
     _validate_vllm(cfg)
     _validate_async(cfg)
+    _validate_tools(cfg)
     n = r.prompts_per_step * r.group_size
     _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
     _check(n % s.num_minibatches == 0, "schedule.num_minibatches",
@@ -198,3 +199,21 @@ def fill_clip(cfg: Config) -> None:
         low, high = PAPER_CLIP[a.level]
         a.eps_low = low if a.eps_low is None else a.eps_low
         a.eps_high = high if a.eps_high is None else a.eps_high
+
+
+def _validate_tools(cfg) -> None:
+    """Multi-turn tool use (rollout.tools): its limits, and what it does not run with yet."""
+    r = cfg.rollout
+    _check(r.max_turns >= 1, "rollout.max_turns", "must be >= 1")
+    _check(r.max_episode_tokens >= 0, "rollout.max_episode_tokens", "must be >= 0 (0 = max_turns x max_new_tokens)")
+    _check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "must be > 0")
+    _check(r.tool_workers >= 0, "rollout.tool_workers", "must be >= 0 (0 = in-process)")
+    if not r.tools and not r.environment:
+        return
+    _check(all(isinstance(t, str) and t for t in r.tools), "rollout.tools", "must be a list of import paths "
+           "(pkg.mod:fn or path/file.py:fn)")
+    name = "rollout.tools" if r.tools else "rollout.environment"
+    _check(r.backend == "hf", name, "multi-turn episodes run on the hf backend's decode loop; "
+           "rollout.backend=vllm does not run them yet")
+    _check(r.mode == "sync", name, "multi-turn episodes run in sync mode; rollout.mode=async does not "
+           "run them yet")

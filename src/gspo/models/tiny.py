@@ -18,10 +18,13 @@ DEFAULT_CHARS = "0123456789+-*=abcdefghijklmnopqrstuvwxyz:, \n<>/"
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 
-# Renders "role: content\n" per message; assistant turns end with EOS, as the model's own
+# Renders "role: content\n" per message (after a "system: tools a,b" line when tools are given);
+# assistant turns end with EOS, as the model's own
 # generations do. The generation prompt is "assistant: ". `{{ '\n' }}` rather than a literal
 # newline because transformers renders chat templates with trim_blocks=True.
 CHAT_TEMPLATE = (
+    "{% if tools %}system: tools {% for t in tools %}{{ (t.function or t).name }}"
+    "{% if not loop.last %},{% endif %}{% endfor %}{{ '\\n' }}{% endif %}"
     "{% for m in messages %}"
     "{{ m['role'] }}: {{ m['content'] }}"
     "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}"

@@ -114,7 +114,16 @@ def make_format_reward(pattern: str = DEFAULT_FORMAT_PATTERN) -> Callable[..., l
 
 
 # A string value is imported on first use ("module:attr"), so optional parts load lazily.
+def env_reward(prompts, completions, env_reward=None, **kwargs) -> list[float | None]:
+    """The reward each episode's environment reported (rollout.environment); None where it
+    reported none."""
+    if env_reward is None:
+        return [None] * len(completions)
+    return [None if v is None else float(v) for v in env_reward]
+
+
 BUILTIN_REWARDS: dict[str, Callable | str] = {
+    "env_reward": env_reward,
     "exact_answer": exact_answer,
     "math_verify": math_verify,
     "format": format_reward,

@@ -46,6 +46,13 @@ class Rollout:
     group_ids: torch.Tensor | None = None  # (N,) long: index of the prompt each row answers
     policy_version: torch.Tensor | None = None  # (N,) long: the weight version (rollouts learned) that sampled each row
     routes: torch.Tensor | None = None  # (N, P+T, layers, k) MoE: the experts the sampler's forward chose, -1 unknown
+    # (N, T) 1 on the tokens the model wrote; None: every completion token. Episodes with tool
+    # calls hold tokens the model did not write (tool results, the template between turns):
+    # attended (completion_mask) but out of the loss, |y| and the length metrics.
+    loss_mask: torch.Tensor | None = None
+    turns: list[list[dict]] | None = None  # N episodes as TRL's conversational messages (multi-turn only)
+    episode_stats: dict | None = None      # counts of the episodes' outcomes (multi-turn only)
+    env_reward: list | None = None         # N rewards the episodes' environments reported (None: none)
 
     def __post_init__(self):
         if self.group_ids is None:
@@ -68,6 +75,14 @@ class Rollout:
     def completion_lengths(self) -> torch.Tensor:  # (N,) long, EOS included
         return self.completion_mask.sum(dim=1)
 
+    @property
+    def model_mask(self) -> torch.Tensor:  # (N, T) the tokens the model wrote: the loss mask
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def model_lengths(self) -> torch.Tensor:  # (N,) long: |y|, the tokens the model wrote
+        return self.model_mask.sum(dim=1)
+
     def _take(self, rows, p_start: int, t_end: int) -> "Rollout":
         rows_t = torch.as_tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
         idx = rows_t.tolist()
@@ -78,6 +93,8 @@ class Rollout:
             completion_ids=self.completion_ids[rows_t, :t_end],
             completion_mask=self.completion_mask[rows_t, :t_end],
             sampler_logp=self.sampler_logp[rows_t, :t_end],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[rows_t, :t_end],
+            turns=None if self.turns is None else [self.turns[i] for i in idx],
             finish_reason=[self.finish_reason[i] for i in idx],
             prompts=[self.prompts[i] for i in idx],
             completions=[self.completions[i] for i in idx],
@@ -111,6 +128,8 @@ class Rollout:
             out.policy_version = self.policy_version.to(device)
         if self.routes is not None:
             out.routes = self.routes.to(device)
+        if self.loss_mask is not None:
+            out.loss_mask = self.loss_mask.to(device)
         return out
 
 
@@ -453,14 +472,24 @@ class HFGenerator:
                  offset: int = 0) -> Rollout:
         """Sample `group_size` completions for each prompt (see the class docstring and
         `Generator.generate` for `seed` and `offset`)."""
-        device = next(self.model.parameters()).device
         rows = encode_prompts(self.tokenizer, prompts, group_size)  # N lists
+        return self.generate_ids(rows, prompts, group_size, seed=seed, offset=offset)
+
+    def generate_ids(self, rows: list[list[int]], prompts: list[str], group_size: int = 1, *,
+                     seed: int | None = None, offset: int = 0, max_new_tokens: int | None = None) -> Rollout:
+        """One completion of each token-id prompt in `rows` (N lists, a group's G rows
+        consecutive; `prompts` the B texts they came from), at most `max_new_tokens` (default
+        rollout.max_new_tokens): the entry a multi-turn episode continues its context through,
+        token in, token out."""
+        device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id, device)  # (N, P)
+        limit, self.max_new_tokens = self.max_new_tokens, int(max_new_tokens or self.max_new_tokens)
         if self.routes is not None:
             self.routes.reset(len(rows), prompt_ids.shape[1] + self.max_new_tokens, device)
         try:
             chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
         finally:
+            self.max_new_tokens = limit
             if self.routes is not None:
                 self.routes.stop_recording()
 

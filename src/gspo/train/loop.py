@@ -32,6 +32,7 @@ from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rewards.runner import RewardResult
 from gspo.rewards import reward_columns
 from gspo.rollout import Rollout, chunk_seed
+from gspo.rollout.episodes import as_messages, run_episodes
 from gspo.train.run import Run, build_run, push_weights
 from gspo.train.step_metrics import (add_micro_metrics, completion_rows, mismatch_metrics, mismatch_over_parts,
                                reduce_minibatch_metrics, rollout_metrics)
@@ -78,15 +79,27 @@ def produce(run: Run, state: TrainerState) -> ScoredRollout:
     if run.remote is not None:  # async mode: sampled ahead by a generator process
         batch, rollout, times = run.remote.take(state.rollout)
         rollout = rollout.to(run.device)
+    elif run.tools is not None:  # multi-turn: the model's turns and the tools' replies
+        batch = run.prompts.next_batch()
+        r = cfg.rollout
+        rollout = run_episodes(run.generator, run.tokenizer, [as_messages(row["prompt"]) for row in batch], G,
+                               tools=run.tools.functions, runner=run.tools.runner, parser=run.tools.parser,
+                               max_turns=r.max_turns, max_tokens=r.max_episode_tokens or r.max_turns * r.max_new_tokens,
+                               seed=chunk_seed(cfg.seed, state.rollout),
+                               offset=run.dist.rank * len(batch) * G, rows=batch).to(run.device)
     else:
         batch = run.prompts.next_batch()                                        # B prompt rows
         rollout = run.generator.generate(                                       # B·G episodes
             [format_prompt(r["prompt"], run.tokenizer) for r in batch], G,
             seed=chunk_seed(cfg.seed, state.rollout), offset=run.dist.rank * len(batch) * G).to(run.device)
+    if run.remote is None:
         rollout.policy_version = torch.full((rollout.num_samples,), state.rollout, dtype=torch.long)
         times = {"time/generate": time.perf_counter() - t0}
     t1 = time.perf_counter()
     rewards = score(run, batch, rollout)                                        # rewards
+    if rollout.turns is not None:  # an episode that failed (its environment) has no reward
+        failed = torch.tensor([f == "error" for f in rollout.finish_reason])
+        rewards.rewards[failed] = 0.0 if cfg.rewards.on_error == "zero" else float("nan")
     times["time/score"] = time.perf_counter() - t1
     if run.remote is not None:
         stale = (state.rollout - rollout.policy_version).double()
@@ -99,11 +112,16 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
     """Weighted reward per completion (NaN where missing) and each function's own values."""
     G = rollout.group_size
     prompts = [row["prompt"] for row in batch for _ in range(G)]
-    if run.chat:  # TRL's conversational shape, so users' functions work unchanged
+    if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
+        completions = [list(t) for t in rollout.turns]
+    elif run.chat:  # TRL's conversational shape, so users' functions work unchanged
         completions = [[{"role": "assistant", "content": c}] for c in rollout.completions]
     else:
         completions = list(rollout.completions)
-    return run.rewards.score(prompts, completions, reward_columns(batch, G))
+    columns = reward_columns(batch, G)
+    if rollout.env_reward is not None:  # what the episodes' environments reported
+        columns["env_reward"] = list(rollout.env_reward)
+    return run.rewards.score(prompts, completions, columns)
 
 
 # ---------------------------------------------------------------- learn
@@ -124,8 +142,8 @@ def learn(run: Run, scored: ScoredRollout, state: TrainerState) -> tuple[list[di
         if state.bad_steps >= run.cfg.checkpoint.max_bad_steps:
             break
     if run.old_logp == "trainer":  # old_logp now holds π_old for every row that ran
-        ran = rollout.completion_mask if plan.live is None else \
-            rollout.completion_mask * plan.live.to(rollout.completion_mask.device)[:, None]
+        ran = rollout.model_mask if plan.live is None else \
+            rollout.model_mask * plan.live.to(rollout.model_mask.device)[:, None]
         info.update(run.dist.reduce_metrics(mismatch_metrics(rollout.sampler_logp, old_logp, ran)))
     else:  # the gap measured on the first (on-policy) minibatch describes the rollout
         gap = {k: v for k, v in steps[0].items() if k.startswith("mismatch/")}
@@ -189,6 +207,7 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
                                                                run.cfg.model.share_prompt_min_work)
 
     return build_plan(minibatches(run, state.rollout, n), rollout.completion_lengths, live=live_rows(run, adv),
+                      loss_lengths=None if rollout.loss_mask is None else rollout.model_lengths,
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",
                       old_pass=run.old_logp == "trainer", old_forward_size=s.micro_batch_size or max(n // s.num_minibatches, 1),
                       gather=d.all_gather,  # under FSDP2 every decoder call gathers shards: agree on sharing
@@ -267,11 +286,11 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         if fill:
             old_logp[micro.rows, :T] = logp.detach().float()
         if gap:
-            gaps.append((part.sampler_logp, logp.detach(), part.completion_mask * (not micro.placeholder)))
-        mask, weights = part.completion_mask, None
+            gaps.append((part.sampler_logp, logp.detach(), part.model_mask * (not micro.placeholder)))
+        mask, weights = part.model_mask, None  # the tokens the model wrote (not a tool's reply)
         if a.mismatch_correction in ("tis", "mis"):  # w = pi_old / pi_sampler, truncated or masked
             weights, mask, cm = algo.mismatch_weights(
-                old_logp[micro.rows, :T], part.sampler_logp, part.completion_mask, method=a.mismatch_correction,
+                old_logp[micro.rows, :T], part.sampler_logp, part.model_mask, method=a.mismatch_correction,
                 level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
             _add_correction_metrics(corr, cm, micro.num_rows)
         loss, m = algo.policy_loss(

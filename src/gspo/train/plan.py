@@ -163,7 +163,8 @@ class LengthCuts:
 
 def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, live: torch.Tensor | None,
                micro_size: int, token_mean: bool, old_pass: bool, old_forward_size: int,
-               gather: Gather, can_share=None, buckets: dict | None = None) -> Plan:
+               gather: Gather, can_share=None, buckets: dict | None = None,
+               loss_lengths: torch.Tensor | None = None) -> Plan:
     """The plan of one rollout on this process.
 
     `minibatch_rows` are the local rows of each optimizer step (`gspo.train.minibatches`);
@@ -177,8 +178,11 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     only if it does on every process. Without it the plan leaves the decision to each forward
     (None), which costs nothing where the processes need not agree. `buckets` (the keyword
     arguments of `LengthCuts`; None: no cut by length) cuts each minibatch's forward
-    by length, or with `micro_size` sorts its rows by length before they are cut."""
+    by length, or with `micro_size` sorts its rows by length before they are cut. `loss_lengths`
+    (N,) are the tokens of each row in the loss where they are fewer than its `lengths` (an
+    episode's tool replies are attended, not learned): the tokens and token-mean weights count them."""
     lengths = lengths.cpu()
+    tok = lengths if loss_lengths is None else loss_lengths.cpu()
     if micro_size and buckets is not None:
         minibatch_rows_sorted = [mb[lengths[mb].argsort(stable=True)] for mb in minibatch_rows]
         pieces = [list(mb.split(micro_size)) for mb in minibatch_rows_sorted]
@@ -208,7 +212,7 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
         max_old = -(-len(lengths) // old_forward_size) if old_pass else 0  # the most π_old forwards of any process
         share_slots = ([float(len(p) > 0 and can_share(p)) for mb in kept for p in mb]
                        + [float(can_share(f)) for f in old_forwards] + [0.0] * (max_old - len(old_forwards)))
-    mine = ([float(lengths[mb].sum()) for mb in minibatch_rows] + [float(len(p)) for mb in kept for p in mb]
+    mine = ([float(tok[mb].sum()) for mb in minibatch_rows] + [float(len(p)) for mb in kept for p in mb]
             + [float(len(old_forwards))] + share_slots)
     every = gather(torch.tensor(mine, dtype=torch.float64)).view(-1, len(mine))  # (world, k)
     world = every.shape[0]
@@ -234,7 +238,7 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
             if len(rows) == 0:
                 micro.append(Micro(piece[:1], 0.0, 0, True, together))
                 continue
-            tokens = int(lengths[rows].sum())
+            tokens = int(tok[rows].sum())
             weight = tokens / max(mb_tokens[k], 1) * world if token_mean else len(rows) / len(mb)
             micro.append(Micro(rows, weight, tokens, False, together))
         out.append(Minibatch(mb, micro, len(mb) * world))

@@ -29,6 +29,7 @@ from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator
+from gspo.rollout.tools import ToolConfigError, ToolRunner, load_environment, load_tools, resolve_parser
 from gspo.models.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS, make_task
 
@@ -191,6 +192,7 @@ class Run:
     routes: Any = None                # gspo.models.routing.RouteTracker on a MoE model
     resume_from: Path | None = None   # the checkpoint to resume from
     remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
+    tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
 
     @property
     def device(self) -> torch.device:
@@ -200,6 +202,8 @@ class Run:
         if self.remote is not None:
             self.remote.close()
         self.rewards.close()
+        if self.tools is not None:
+            self.tools.runner.close()
         if hasattr(self.generator, "close"):  # the vllm engine's memory
             self.generator.close()
         if self.routes is not None:
@@ -273,9 +277,12 @@ def _check_extras(cfg: Config) -> None:
     check_trackers(cfg.logging.report_to)  # each named tracker's package
 
 
-def hf_generator(cfg: Config, model, tok) -> HFGenerator:
+def hf_generator(cfg: Config, model, tok, *, greedy: bool = False) -> HFGenerator:
+    """The hf backend's sampler with the rollout settings; `greedy`: the argmax at every step
+    (top-k 1), as held-out episodes are played."""
     r = cfg.rollout
-    return HFGenerator(model, tok, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+    return HFGenerator(model, tok, temperature=r.temperature, top_p=1.0 if greedy else r.top_p,
+                       top_k=1 if greedy else r.top_k,
                        max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
                        engine="hf" if r.decode == "generate" else "gspo",
                        autocast_dtype=torch.bfloat16 if r.mixed_precision == "bf16" else None)
@@ -322,6 +329,7 @@ def build_run(cfg: Config) -> Run:
             validate_specs([spec])
         except RewardConfigError as e:
             raise ConfigError(f"config field 'rewards.functions[{i}].name': {e}") from None
+    tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     resume_from = ckpt.resolve_resume(run_dir, cfg.resume)              # checkpoint
     if resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
@@ -330,7 +338,7 @@ def build_run(cfg: Config) -> Run:
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
-    chat = isinstance(rows[0]["prompt"], list)
+    chat = isinstance(rows[0]["prompt"], list) or tools is not None  # episodes are conversations
     job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
@@ -384,4 +392,31 @@ def build_run(cfg: Config) -> Run:
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
-               resume_from=resume_from, remote=remote)
+               resume_from=resume_from, remote=remote,
+               tools=None if tools is None else Tools(tools[0], tools[1],
+                                                      ToolRunner(tools[0], timeout_s=cfg.rollout.tool_timeout_s,
+                                                                 num_workers=cfg.rollout.tool_workers,
+                                                                 env_class=tools[2])))
+
+
+@dataclass
+class Tools:
+    """What multi-turn episodes call: the tool functions, the parser of a turn's calls, the
+    runner (which also hosts the episodes' environments)."""
+
+    functions: list
+    parser: Any
+    runner: Any
+
+
+def load_episode_tools(cfg: Config):
+    """(functions, parser, environment class) of rollout.tools / rollout.environment, checked
+    before any compute; None without either."""
+    r = cfg.rollout
+    if not r.tools and not r.environment:
+        return None
+    try:
+        env = load_environment(r.environment) if r.environment else None
+        return load_tools(list(r.tools)), resolve_parser(r.tool_parser), env
+    except ToolConfigError as e:
+        raise ConfigError(f"config field {e}") from None

@@ -72,7 +72,7 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
     """Rollout-level metrics over the global batch (every rank's rows)."""
     r = d.all_gather(rewards.rewards.float().cpu())
     valid = r[~torch.isnan(r)]
-    lengths = d.all_gather(rollout.completion_lengths.float().cpu())
+    lengths = d.all_gather(rollout.model_lengths.float().cpu())  # |y|: the tokens the model wrote
     truncated = torch.tensor([f == "length" for f in rollout.finish_reason], dtype=torch.float32)
     local = dict(rewards.stats)
     local.update(adv_stats)
@@ -83,15 +83,23 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
               "completion/len_mean": lengths.mean().item(),
               "completion/len_max": lengths.max().item(),
               "completion/empty_frac": (lengths == 0).float().mean().item()})
+    if rollout.episode_stats:  # multi-turn episodes: per-episode means, so the processes' mean is the batch's
+        m.update(d.reduce_metrics(dict(rollout.episode_stats)))
     return m
 
 
 def completion_rows(step: int, rollout: Rollout, rewards, adv: torch.Tensor) -> list[dict]:
     rows = []
     for i in range(rollout.num_samples):
-        rows.append({"step": step, "prompt": rollout.prompts[i], "completion": rollout.completions[i],
+        text = rollout.completions[i] if rollout.turns is None else episode_text(rollout.turns[i])
+        rows.append({"step": step, "prompt": rollout.prompts[i], "completion": text,
                      "reward": float(rewards.rewards[i]), "advantage": float(adv[i]),
                      "finish_reason": rollout.finish_reason[i],
                      "policy_version": None if rollout.policy_version is None else int(rollout.policy_version[i]),
                      "rewards": {k: float(v[i]) for k, v in rewards.per_function.items()}})
     return rows
+
+
+def episode_text(messages: list[dict]) -> str:
+    """A multi-turn episode as one text for the logs: each message as 'role: content'."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)

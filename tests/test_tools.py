@@ -1,0 +1,420 @@
+"""Multi-turn episodes with tool calls (gspo.rollout.tools, gspo.rollout.episodes): parsing,
+the runner's outcomes on bad input, the masks and |y| of hand-built episodes, token identity
+between sampler and learner across turns, and GSPO's ratio of 1 on the on-policy minibatch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import string
+import time
+
+import pytest
+import torch
+
+from gspo import algo
+from gspo.config import AlgoConfig
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny import build_char_tokenizer, build_tiny_model
+from gspo.rollout import HFGenerator, Rollout
+from gspo.rollout.episodes import run_episodes
+from gspo.rollout.tools import ToolCall, ToolConfigError, ToolRunner, load_tools, parse_hermes, tool_schema
+
+CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def boom(x: int) -> str:
+    """Raise.
+
+    Args:
+        x: anything
+    """
+    raise ValueError(f"no {x}")
+
+
+def sleepy(s: float) -> str:
+    """Sleep.
+
+    Args:
+        s: seconds
+    """
+    time.sleep(s)
+    return "awake"
+
+
+def opaque() -> str:
+    """Return something that is not text."""
+    return object()  # type: ignore[return-value]
+
+
+def undocumented(a):
+    return a
+
+
+TOOLS = [add, boom, sleepy, opaque]
+
+
+def call(name, **args) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+# ------------------------------------------------------------------ parsing and the runner
+
+
+def test_hermes_calls_are_parsed_and_broken_ones_say_why():
+    text = f"let me add {call('add', a=2, b=3)} and {call('add', a=1, b=1)}"
+    assert parse_hermes(text) == [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 1, "b": 1})]
+    assert parse_hermes('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>') == \
+        [ToolCall("add", {"a": 1})]  # arguments as a JSON string, as some templates write them
+    assert parse_hermes("no call here") == []
+    bad = parse_hermes("<tool_call>{oops</tool_call><tool_call>[1]</tool_call>"
+                       '<tool_call>{"name": "add", "arguments": 3}</tool_call>')
+    assert [c.error is not None for c in bad] == [True, True, True]
+    assert "not JSON" in bad[0].error and "name" in bad[1].error and "object" in bad[2].error
+
+
+def test_every_bad_call_gets_a_reply_and_an_outcome():
+    with ToolRunner(TOOLS, timeout_s=1.0, num_workers=2) as runner:
+        t0 = time.perf_counter()
+        replies = runner.run([ToolCall("add", {"a": 2, "b": 3}), ToolCall("boom", {"x": 7}),
+                              ToolCall("sleepy", {"s": 30}), ToolCall("opaque"), ToolCall("nope", {}),
+                              ToolCall("", error="not JSON"), ToolCall("add", {"c": 1})])
+        assert time.perf_counter() - t0 < 10  # the hung call was cut at its deadline
+        got = [(r.outcome, r.content) for r in replies]
+        assert got[0] == ("ok", "5")
+        assert got[1] == ("error", "error: ValueError: no 7")
+        assert got[2] == ("timeout", "error: timed out after 1s")
+        assert got[3][0] == "bad_return" and "object" in got[3][1]
+        assert got[4][0] == "unknown" and "'nope'" in got[4][1] and "add" in got[4][1]
+        assert got[5] == ("malformed", "error: malformed tool call: not JSON")
+        assert got[6][0] == "error" and "TypeError" in got[6][1]  # wrong arguments: the call raises
+        # the worker killed at the deadline was replaced: the runner still works
+        assert runner.run([ToolCall("sleepy", {"s": 0})])[0].content == "awake"
+
+
+def test_tools_without_a_schema_are_refused_naming_the_field(tmp_path):
+    f = tmp_path / "mytools.py"
+    f.write_text("def undocumented(a):\n    return a\n\n"
+                 "def add(a: int, b: int) -> int:\n    \"\"\"Add.\n\n    Args:\n        a: x\n        b: y\n    \"\"\"\n"
+                 "    return a + b\n")
+    assert [fn.__name__ for fn in load_tools([f"{f}:add"])] == ["add"]
+    with pytest.raises(ToolConfigError, match=r"rollout.tools\[1\].*'undocumented'.*type hints"):
+        load_tools([f"{f}:add", f"{f}:undocumented"])
+    with pytest.raises(ToolConfigError, match=r"rollout.tools\[0\].*no attribute 'missing'"):
+        load_tools([f"{f}:missing"])
+    with pytest.raises(ToolConfigError, match="a second tool named 'add'"):
+        load_tools([f"{f}:add", f"{f}:add"])
+    assert tool_schema(add)["function"]["parameters"]["required"] == ["a", "b"]
+
+
+# ------------------------------------------------------------------ hand-built episodes
+
+
+class Scripted:
+    """A generator whose turns are scripted text (each ends with EOS unless it says otherwise),
+    with made-up log-probs, so that the episode's layout can be checked by hand."""
+
+    def __init__(self, tok, turns: list[str], max_new_tokens: int = 200):
+        self.tok, self.turns, self.max_new_tokens = tok, turns, max_new_tokens
+        self.eos_token_ids, self.pad_token_id = [tok.eos_token_id], tok.pad_token_id
+        self.model = torch.nn.Linear(1, 1)
+        self.contexts: list[list[int]] = []
+        self.turn = 0
+
+    def generate_ids(self, rows, prompts, group_size=1, *, seed=None, offset=0, max_new_tokens=None):
+        text = self.turns[self.turn]
+        self.turn += 1
+        self.contexts += [list(r) for r in rows]
+        eos = not text.endswith("…")
+        ids = self.tok(text.rstrip("…"), add_special_tokens=False)["input_ids"] + ([self.tok.eos_token_id] if eos else [])
+        ids = ids[:max_new_tokens or self.max_new_tokens]
+        n = len(rows)
+        comp = torch.tensor([ids] * n)
+        return Rollout(prompt_ids=torch.zeros(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
+                       completion_ids=comp, completion_mask=torch.ones_like(comp),
+                       sampler_logp=-torch.ones(comp.shape), finish_reason=["eos"] * n, group_size=1,
+                       prompts=list(prompts), completions=[text] * n)
+
+
+def _episode(turns, *, max_turns=4, max_tokens=400, tools=(add,), workers=0):
+    tok = build_char_tokenizer(CHARS)
+    gen = Scripted(tok, turns)
+    with ToolRunner(list(tools), num_workers=workers) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "what is 2+3?"}]], 2, tools=list(tools),
+                          runner=runner, parser=parse_hermes, max_turns=max_turns, max_tokens=max_tokens)
+    return tok, gen, ro
+
+
+def test_a_tool_episode_masks_the_tool_reply_and_counts_only_the_models_tokens():
+    first, second = call("add", a=2, b=3), "5"
+    tok, gen, ro = _episode([first, second])
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    # the tiny template: the tool message renders as "tool: 5\n", then "assistant: "; after the
+    # model's EOS the template's own "\n" closes the assistant line
+    inserted = enc("\ntool: 5\nassistant: ")
+    turn1, turn2 = enc(first) + [tok.eos_token_id], enc(second) + [tok.eos_token_id]
+    want = turn1 + inserted + turn2
+    assert ro.completion_ids[0, :len(want)].tolist() == want and ro.completion_mask[0].sum() == len(want)
+    assert ro.loss_mask[0, :len(want)].tolist() == [1] * len(turn1) + [0] * len(inserted) + [1] * len(turn2)
+    assert ro.model_lengths.tolist() == [len(turn1) + len(turn2)] * 2  # |y| = the model's tokens only
+    assert ro.sampler_logp[0, len(turn1):len(turn1) + len(inserted)].abs().sum() == 0
+    # token in, token out: turn 2 continued exactly the ids of turn 1 and the reply
+    assert gen.contexts[2] == ro.prompt_ids[0][ro.prompt_mask[0].bool()].tolist() + turn1 + inserted
+    assert ro.finish_reason == ["done", "done"] and ro.completions == ["5", "5"]
+    assert ro.turns[0] == [{"role": "assistant", "content": first}, {"role": "tool", "name": "add", "content": "5"},
+                           {"role": "assistant", "content": "5"}]
+    assert ro.episode_stats["episode/tool_calls_mean"] == 1 and ro.episode_stats["episode/tool_ok_mean"] == 1
+    assert ro.episode_stats["episode/finish_done"] == 1 and ro.episode_stats["episode/turns_mean"] == 2
+
+
+def test_an_episode_that_keeps_calling_ends_at_max_turns_and_one_out_of_budget_at_length():
+    c = call("add", a=1, b=1)
+    _, _, ro = _episode([c, c, c], max_turns=2)
+    assert ro.finish_reason == ["max_turns"] * 2 and ro.episode_stats["episode/tool_calls_mean"] == 1  # last not run
+    _, _, ro = _episode([c, c], max_tokens=len(c) + 3)  # room for turn 1, not for the reply and turn 2
+    assert ro.finish_reason == ["length"] * 2 and int(ro.completion_mask[0].sum()) <= len(c) + 3
+    _, _, ro = _episode(["unfinished…"])  # a turn cut by max_new_tokens without EOS
+    assert ro.finish_reason == ["length"] * 2
+
+
+def test_bad_calls_reach_the_model_as_error_replies_and_are_counted():
+    _, _, ro = _episode(["<tool_call>{oops</tool_call>", call("nope"), call("boom", x=1), "done"],
+                        tools=(add, boom), max_turns=4, workers=1)
+    replies = [m["content"] for m in ro.turns[0] if m["role"] == "tool"]
+    assert replies[0].startswith("error: malformed tool call") and "unknown tool 'nope'" in replies[1]
+    assert replies[2] == "error: ValueError: no 1"
+    s = ro.episode_stats
+    assert (s["episode/tool_malformed_mean"], s["episode/tool_unknown_mean"], s["episode/tool_error_mean"]) == (1, 1, 1)
+    assert ro.finish_reason == ["done", "done"]
+
+
+# ------------------------------------------------------------------ a real model across turns
+
+
+class ForcedFirstTurn(HFGenerator):
+    """The tiny random model, made to write a tool call in its first turn (teacher-forced, with
+    the model's own log-probs of those tokens), then sampling freely after the tool's reply."""
+
+    def __init__(self, model, tok, first: str, **kw):
+        super().__init__(model, tok, **kw)
+        self.first, self.turn = first, 0
+
+    def generate_ids(self, rows, prompts, group_size=1, *, seed=None, offset=0, max_new_tokens=None):
+        self.turn += 1
+        if self.turn > 1:
+            return super().generate_ids(rows, prompts, group_size, seed=seed, offset=offset,
+                                        max_new_tokens=max_new_tokens)
+        forced = self.tokenizer(self.first, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        n, p = len(rows), len(rows[0])
+        ids = torch.tensor([list(r) + forced for r in rows])
+        with torch.no_grad():
+            lp = token_logprobs(self.model, ids, torch.ones_like(ids), len(forced), temperature=self.temperature)
+        comp = torch.tensor([forced] * n)
+        return Rollout(prompt_ids=ids[:, :p], prompt_mask=torch.ones(n, p, dtype=torch.long), completion_ids=comp,
+                       completion_mask=torch.ones_like(comp), sampler_logp=lp, finish_reason=["eos"] * n,
+                       group_size=1, prompts=list(prompts), completions=[self.first] * n)
+
+
+def test_the_learner_sees_the_samplers_tokens_and_gspo_ratio_is_one_on_policy():
+    tok = build_char_tokenizer(CHARS)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, max_position_embeddings=256).eval()
+    gen = ForcedFirstTurn(model, tok, call("add", a=2, b=3), max_new_tokens=12, temperature=1.0)
+    with ToolRunner([add], num_workers=0) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "2+3?"}]] * 2, 2, tools=[add], runner=runner,
+                          parser=parse_hermes, max_turns=2, max_tokens=200, seed=3)
+    assert all(len(t) >= 3 for t in ro.turns)  # call, reply, a sampled second turn
+    ids, mask, T = ro.input_ids, ro.attention_mask, ro.completion_ids.shape[1]
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, T, temperature=1.0)
+    model_tok = ro.model_mask.bool()
+    second = model_tok.clone()
+    second[:, :len(tok(call("add", a=2, b=3))["input_ids"]) + 1] = False  # the sampled turn, after the reply
+    assert second.any()
+    # the learner's log-probs of the model's tokens are the sampler's, in turn 2 as in turn 1
+    torch.testing.assert_close(lp[model_tok], ro.sampler_logp[model_tok], rtol=0, atol=2e-5)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    loss, m = algo.policy_loss(lp, ro.sampler_logp, adv, ro.model_mask, level="sequence", eps_low=3e-4,
+                               eps_high=4e-4, aggregation="seq-mean-token-mean", max_log_ratio=AlgoConfig.max_log_ratio)
+    assert m["ratio/seq_min"] == pytest.approx(1.0, abs=1e-5) and m["ratio/seq_max"] == pytest.approx(1.0, abs=1e-5)
+    assert m["clip/seq_frac"] == 0.0
+    # with the tool's tokens in |y| (completion_mask), the ratio is no longer 1: they have no
+    # sampler log-prob. The test of the mask is that this differs.
+    _, leaked = algo.policy_loss(lp, ro.sampler_logp, adv, ro.completion_mask, level="sequence", eps_low=3e-4,
+                                 eps_high=4e-4, aggregation="seq-mean-token-mean", max_log_ratio=AlgoConfig.max_log_ratio)
+    assert leaked["ratio/seq_max"] > 1.01 or leaked["ratio/seq_min"] < 0.99
+
+
+def test_length_metrics_count_only_the_models_tokens():
+    from gspo.train.distributed import Dist
+    from gspo.train.step_metrics import rollout_metrics
+
+    _, _, ro = _episode([call("add", a=2, b=3), "5"])
+    rewards = dataclasses.make_dataclass("R", ["rewards", "stats"])(torch.tensor([1.0, 0.0]), {})
+    m = rollout_metrics(Dist(), ro, rewards, {})
+    assert m["completion/len_mean"] == float(ro.model_lengths[0]) < float(ro.completion_lengths[0])
+    assert m["episode/tool_calls_mean"] == 1.0
+
+
+
+# ------------------------------------------------------------------ environments
+
+
+class Counter:
+    """An environment whose tool keeps state across turns; it reports how far it counted."""
+
+    def reset(self, start: int = 0, **row) -> str:
+        if start < 0:
+            raise ValueError("negative start")
+        self.n = start
+        return f"count from {start}"
+
+    def bump(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: how much
+        """
+        self.n += by
+        return str(self.n)
+
+    def stall(self) -> str:
+        """Never return when the count is 0."""
+        if self.n == 0:
+            time.sleep(60)
+        return "fine"
+
+    @property
+    def reward(self) -> float:
+        return float(self.n)
+
+
+def _env_episode(turns, env, rows, *, workers=1, timeout=1.0, max_turns=4):
+    tok = build_char_tokenizer(CHARS)
+    gen = Scripted(tok, turns)
+    with ToolRunner([], num_workers=workers, timeout_s=timeout, env_class=env) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "go"}] for _ in rows], 1, tools=[], runner=runner,
+                          parser=parse_hermes, max_turns=max_turns, max_tokens=600, rows=rows)
+    return tok, gen, ro
+
+
+def test_an_environments_methods_are_tools_with_state_across_turns_and_its_reward_is_reported():
+    tok, gen, ro = _env_episode([call("bump", by=2), call("bump", by=3), "done"], Counter, [{"start": 10}, {"start": 1}])
+    assert [m["content"] for m in ro.turns[0] if m["role"] == "tool"] == ["12", "15"]  # state kept
+    assert [m["content"] for m in ro.turns[1] if m["role"] == "tool"] == ["3", "6"]    # one instance an episode
+    assert ro.env_reward == [15.0, 6.0] and ro.finish_reason == ["done", "done"]
+    first = tok.decode(gen.contexts[0])  # reset's observation follows the prompt as a user message
+    assert "user: go\nuser: count from 10\nassistant: " in first and "system: tools bump,stall" in first
+
+
+def test_a_failing_reset_or_a_hung_environment_fails_only_its_episode():
+    _, _, ro = _env_episode(["done"], Counter, [{"start": -1}, {"start": 2}])
+    assert ro.finish_reason == ["error", "done"] and ro.env_reward == [None, 2.0]
+    assert ro.episode_stats["episode/finish_error"] == 0.5
+    # episode 0's environment hangs: its worker is killed at the deadline, with the environment
+    # of every episode it held (one worker here: both); both episodes end in error, no reward
+    _, _, ro = _env_episode([call("stall"), "done"], Counter, [{"start": 0}, {"start": 5}], timeout=0.5)
+    assert [m["content"] for m in ro.turns[0] if m["role"] == "tool"] == ["error: timed out after 0.5s"]
+    assert [m["content"] for m in ro.turns[1] if m["role"] == "tool"] == ["error: the environment was lost"]
+    assert ro.finish_reason == ["error", "error"] and ro.env_reward == [None, None]
+    # with a worker each, the other episode's environment lives on
+    _, _, ro = _env_episode([call("stall"), "done"], Counter, [{"start": 0}, {"start": 5}], workers=2, timeout=0.5)
+    assert ro.finish_reason[0] == "error" and ro.env_reward[1] == 5.0
+
+
+def test_a_game_without_tools_answers_each_turn_through_step():
+    from gspo.tool_tasks import GuessNumber, guess
+
+    tok, gen, ro = _env_episode(["8", "4", "6"], GuessNumber, [{"secret": 6, "top": 16}], max_turns=5)
+    assert [m["content"] for m in ro.turns[0]] == ["8", "lower", "4", "higher", "6", "correct"]
+    assert ro.finish_reason == ["done"] and ro.env_reward == [pytest.approx(0.8)]  # found on guess 3
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    between = enc("\nuser: lower\nassistant: ")
+    assert ro.loss_mask[0].tolist()[:2 + len(between) + 2] == [1, 1] + [0] * len(between) + [1, 1]
+    assert ro.model_lengths.tolist() == [6]  # three guesses and their EOS
+    _, _, ro = _env_episode(["1", "2"], GuessNumber, [{"secret": 9, "top": 16}], max_turns=2)
+    assert ro.finish_reason == ["max_turns"] and ro.env_reward == [0.0]
+    assert guess(3, seed=0)[0].keys() >= {"prompt", "secret", "top"}
+
+
+def test_calc_evaluates_arithmetic_and_nothing_else():
+    from gspo.tool_tasks import calc
+
+    assert calc("347*28") == "9716" and calc("(2+3)*4 - 6/3") == "18" and calc("7/2") == "3.5"
+    for bad in ("__import__('os')", "2**99999", "a+1", "[1]"):
+        with pytest.raises((ValueError, SyntaxError)):
+            calc(bad)
+
+
+# ------------------------------------------------------------------ the CLI's path
+
+
+def _tool_model(path):
+    """A tiny model, warmed up a little to write tool calls (often malformed at this stage:
+    every outcome then reaches the model), saved as a user's checkpoint is."""
+    import importlib.util
+    from pathlib import Path
+
+    from gspo.tool_tasks import calc, multiply
+
+    spec = importlib.util.spec_from_file_location(
+        "calculator_example", Path(__file__).resolve().parents[1] / "examples" / "tools" / "calculator.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    tok = build_char_tokenizer(ex.CHARS)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, seed=0, max_position_embeddings=320)
+    ex.warm_up(model, tok, multiply(200, seed=0), [tool_schema(calc)], steps=50, tool_frac=1.0, seed=0, batch=16,
+               lr=1e-2)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+TOOL_RUN = ["data.source=multiply", "rollout.tools=[gspo.tool_tasks:calc]", "rollout.max_new_tokens=80",
+            "rollout.max_turns=2", "rollout.temperature=1.0", "rewards.functions=[{name: exact_answer}]",
+            "rewards.on_error=skip", "eval.num_prompts=4", "eval.every=2"]
+
+
+def test_gspo_train_runs_tool_episodes_from_a_saved_checkpoint_and_resumes_exactly(tmp_path):
+    from test_resume import assert_same_run, gspo_train, metrics_without_timings
+
+    model = _tool_model(tmp_path / "model")
+    run = [f"model.name_or_path={model}", *TOOL_RUN, "schedule.rollouts=3"]
+    gspo_train(tmp_path, "whole", *run)
+    recs = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "episode/turns_mean" in r]
+    assert steps and max(r["episode/turns_mean"] for r in steps) > 1  # the tools answered, the model went on
+    assert all("eval/tool_call_frac" in r for r in recs if "eval/accuracy" in r)
+    completions = (tmp_path / "whole" / "completions").glob("*.jsonl")
+    assert any("tool_call" in p.read_text() for p in completions)
+    # killed after rollout 2, resumed: the same run, episodes and all
+    p = gspo_train(tmp_path, "cut", *run, faults="exit_after_rollout=2", check=False)
+    assert p.returncode != 0
+    gspo_train(tmp_path, "cut", *run, "resume=auto")
+    assert_same_run(tmp_path / "whole", tmp_path / "cut")
+    assert metrics_without_timings(tmp_path / "whole") == metrics_without_timings(tmp_path / "cut")
+
+
+@pytest.mark.parametrize("extra,field", [
+    (["rollout.tools=[gspo.tool_tasks:nope]"], "rollout.tools[0]"),
+    (["rollout.tools=[gspo.tool_tasks:calc]", "rollout.backend=vllm"], "rollout.tools"),
+    (["rollout.tools=[gspo.tool_tasks:calc]", "rollout.mode=async"], "rollout.tools"),
+    (["rollout.environment=gspo.tool_tasks:calc"], "rollout.environment"),
+    (["rollout.tools=[gspo.tool_tasks:calc]", "rollout.tool_parser=nowhere:parse"], "rollout.tool_parser"),
+    (["rollout.max_turns=0"], "rollout.max_turns"),
+])
+def test_bad_tool_settings_fail_before_any_compute_naming_the_field(tmp_path, extra, field):
+    from test_resume import gspo_train
+
+    p = gspo_train(tmp_path, "bad", "data.source=multiply", *extra, check=False)
+    assert p.returncode != 0 and field in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and not (tmp_path / "bad" / "metrics.jsonl").exists()
