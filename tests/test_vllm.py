@@ -421,6 +421,23 @@ def test_vllm_cpu_as_an_async_generator(tmp_path):
     assert {r["async/staleness_max"] for r in recs[1:]} == {0.0}
 
 
+@pytest.mark.vllm_cpu
+@pytest.mark.skipif(os.environ.get("GSPO_TEST_VLLM_CPU") != "1", reason="opt-in: bench/vllm_cpu.sh")
+def test_vllm_cpu_runs_tool_episodes_token_in_token_out(tmp_path):
+    """Multi-turn episodes on the engine: each turn continues the episode's token ids, and the
+    trainer's log-probs of the model's tokens (after the tool replies too) match the engine's."""
+    if _vllm_platform() != "cpu":
+        pytest.skip("needs the CPU build of vLLM (vllm-cpu)")
+    from test_tools import TOOL_RUN, _tool_model
+
+    model = _tool_model(tmp_path / "model")
+    recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25", f"model.name_or_path={model}", *TOOL_RUN,
+                      "rollout.max_new_tokens=80", "eval.every=0", "rollout.prompts_per_step=4",
+                      "rollout.old_logp=trainer", "schedule.skip_zero_advantage=false")
+    assert max(r["episode/turns_mean"] for r in recs[1:]) > 1
+    assert max(_gaps(recs)) < FP32_TOL
+
+
 @pytest.mark.gpu
 def test_vllm_gpu_logprobs_match_the_trainer_before_and_after_sync(tmp_path):
     if _vllm_platform() != "cuda":

@@ -212,8 +212,3 @@ def _validate_tools(cfg) -> None:
         return
     _check(all(isinstance(t, str) and t for t in r.tools), "rollout.tools", "must be a list of import paths "
            "(pkg.mod:fn or path/file.py:fn)")
-    name = "rollout.tools" if r.tools else "rollout.environment"
-    _check(r.backend == "hf", name, "multi-turn episodes run on the hf backend's decode loop; "
-           "rollout.backend=vllm does not run them yet")
-    _check(r.mode == "sync", name, "multi-turn episodes run in sync mode; rollout.mode=async does not "
-           "run them yet")

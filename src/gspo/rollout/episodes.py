@@ -193,7 +193,7 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
 
 
 def _assemble(episodes: list[_Episode], pad_id: int, prompts, group_size: int, generator) -> Rollout:
-    device = next(generator.model.parameters()).device
+    device = torch.device("cpu")  # the caller moves the rollout to the learner's device
     prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id, device)
     n, t = len(episodes), max([len(e.ids) for e in episodes] + [1])
     ids = torch.full((n, t), pad_id, dtype=torch.long)

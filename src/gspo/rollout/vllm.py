@@ -342,12 +342,12 @@ class VLLMGenerator:
 
     # -------------------------------------------------------------- sampling
 
-    def _sampling_params(self, seed: int | None):
+    def _sampling_params(self, seed: int | None, max_new_tokens: int | None = None):
         from vllm import SamplingParams
 
         return SamplingParams(
             n=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
-            max_tokens=self.max_new_tokens, logprobs=0, stop_token_ids=list(self.eos_token_ids),
+            max_tokens=max_new_tokens or self.max_new_tokens, logprobs=0, stop_token_ids=list(self.eos_token_ids),
             seed=seed, detokenize=False,
         )
 
@@ -355,7 +355,13 @@ class VLLMGenerator:
                  offset: int = 0) -> Rollout:
         """Sample `group_size` completions for each prompt (see `Generator.generate`)."""
         rows = encode_prompts(self.tokenizer, prompts, group_size)
-        params = [self._sampling_params(None if seed is None else chunk_seed(seed, offset + i))
+        return self.generate_ids(rows, prompts, group_size, seed=seed, offset=offset)
+
+    def generate_ids(self, rows: list[list[int]], prompts: list[str], group_size: int = 1, *,
+                     seed: int | None = None, offset: int = 0, max_new_tokens: int | None = None) -> Rollout:
+        """One completion of each token-id prompt (as `HFGenerator.generate_ids`): the entry a
+        multi-turn episode continues its context through, token in, token out."""
+        params = [self._sampling_params(None if seed is None else chunk_seed(seed, offset + i), max_new_tokens)
                   for i in range(len(rows))]
         requests = [{"prompt_token_ids": r} for r in rows]
         self._wake()

@@ -51,7 +51,8 @@ def serve(cfg: Config) -> None:
     from gspo.models import resolve_device
     from gspo.models.routing import RouteTracker, find_routers
     from gspo.train.distributed import Dist
-    from gspo.train.run import _vllm_generator, build_policy, hf_generator, seed_everything, setup_threads
+    from gspo.train.run import (_vllm_generator, build_policy, episode_tools, hf_generator, play_episodes,
+                                seed_everything, setup_threads)
 
     spawned = bool(os.environ.get(ROLE_ENV))
     timeout = _timeout(cfg)
@@ -78,6 +79,7 @@ def serve(cfg: Config) -> None:
         generator = hf_generator(cfg, model, tok)
         if find_routers(model) and cfg.rollout.decode == "gspo":  # MoE: every rollout carries its routes (R3)
             generator.routes = RouteTracker(model)
+    tools = episode_tools(cfg)
     kind, version, sync_s, idle_from = 0, -1, 0.0, time.perf_counter()
     params = dict(weight_tensors(model, full=True))
     try:
@@ -105,8 +107,12 @@ def serve(cfg: Config) -> None:
                 if msgs[0]["version"] != version:
                     raise RuntimeError(f"asked for rollout {msgs[0]['rollout']} with weights {msgs[0]['version']}, "
                                        f"holds {version}")
-                parts = [generator.generate(m["prompts"], cfg.rollout.group_size, seed=m["seed"], offset=m["offset"])
-                         for m in msgs]
+                if tools is not None:  # multi-turn episodes, played here with the tools and environments
+                    parts = [play_episodes(cfg, generator, tok, tools, m["rows"], seed=m["seed"], offset=m["offset"])
+                             for m in msgs]
+                else:
+                    parts = [generator.generate(m["prompts"], cfg.rollout.group_size, seed=m["seed"],
+                                                offset=m["offset"]) for m in msgs]
             except Exception:
                 for r in learners:
                     send_message(pg, ERROR, traceback.format_exc().encode(), r, ROLLOUT_TAG)
@@ -118,6 +124,8 @@ def serve(cfg: Config) -> None:
                 send_message(pg, ROLLOUT, encode_rollout(ro, meta), r, ROLLOUT_TAG)
             sync_s, idle_from = 0.0, time.perf_counter()
     finally:
+        if tools is not None:
+            tools.runner.close()
         if hasattr(generator, "close"):
             generator.close()
 

@@ -85,6 +85,7 @@ class AsyncRollouts:
     def __init__(self, cfg: Config, job: Job, policy, tokenizer, prompts, total: int):
         self.cfg, self.job, self.policy, self.prompts, self.total = cfg, job, policy, prompts, total
         self._tokenizer = tokenizer
+        self.episodes = bool(cfg.rollout.tools or cfg.rollout.environment)  # multi-turn: the generator plays them
         self.K, self.N, self.rank = cfg.rollout.max_staleness, job.world_size - job.learners, job.rank
         self.evals: dict[int, dict] = {}  # weight version -> a generator's evaluation completions
         self.pending: dict[int, _Pending] = {}
@@ -138,7 +139,9 @@ class AsyncRollouts:
             batch = self.prompts.next_batch()
             req = {"rollout": q, "version": v, "seed": chunk_seed(self.cfg.seed, q),
                    "offset": self.rank * len(batch) * self.cfg.rollout.group_size,  # as in sync mode
-                   "prompts": [format_prompt(r["prompt"], self._tokenizer) for r in batch]}
+                   "prompts": [format_prompt(r["prompt"], self._tokenizer) for r in batch]
+                   if not self.episodes else [],
+                   "rows": batch if self.episodes else []}  # episodes: the rows (messages, environment columns)
             with self.cond:  # before the request goes out: the answer may come at once
                 self.pending[q] = _Pending(batch, before, v)
             self._post(GENERATE, json.dumps(req).encode(), g, v)

@@ -50,8 +50,11 @@ def encode_rollout(rollout: Rollout, meta: dict) -> bytes:
     tensors = {k: getattr(rollout, k).detach().cpu().contiguous() for k in ROLLOUT_TENSORS}
     if rollout.routes is not None:  # MoE: the sampler's routes (R3)
         tensors["routes"] = rollout.routes.detach().cpu().contiguous()
+    if rollout.loss_mask is not None:  # episodes: the tokens the model wrote
+        tensors["loss_mask"] = rollout.loss_mask.detach().cpu().contiguous()
     text = {"finish_reason": rollout.finish_reason, "group_size": rollout.group_size, "prompts": rollout.prompts,
-            "completions": rollout.completions, "meta": meta}
+            "completions": rollout.completions, "meta": meta, "turns": rollout.turns,
+            "env_reward": rollout.env_reward, "episode_stats": rollout.episode_stats}
     tensors["json"] = torch.frombuffer(bytearray(json.dumps(text).encode()), dtype=torch.uint8)
     return save(tensors)
 
@@ -63,7 +66,8 @@ def decode_rollout(data: bytes) -> tuple[Rollout, dict]:
     text = json.loads(t.pop("json").numpy().tobytes())
     ro = Rollout(**{k: t[k] for k in ROLLOUT_TENSORS}, finish_reason=text["finish_reason"],
                  group_size=text["group_size"], prompts=text["prompts"], completions=text["completions"],
-                 routes=t.get("routes"))
+                 routes=t.get("routes"), loss_mask=t.get("loss_mask"), turns=text.get("turns"),
+                 env_reward=text.get("env_reward"), episode_stats=text.get("episode_stats"))
     return ro, text["meta"]
 
 

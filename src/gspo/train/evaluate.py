@@ -103,39 +103,46 @@ def evaluate_run(run, version: int = 0) -> dict:
         return {}
     from gspo.train.run import hf_generator
 
-    if run.tools is not None:
-        return evaluate_episodes(run, run.eval_rows[: cfg.eval.num_prompts])
-
     generator = run.generator
     if cfg.rollout.backend == "vllm" and run.dist.world_size > 1:
         # vLLM's data-parallel ranks step together: rank 0 cannot sample alone
         generator = hf_generator(cfg, run.generator_model, run.tokenizer)
+    if run.tools is not None:
+        return evaluate_episodes(run, run.eval_rows[: cfg.eval.num_prompts], generator)
     return evaluate(run.generator_model, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
                     max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator,
                     chat=run.chat)
 
 
 @torch.no_grad()
-def evaluate_episodes(run, rows: list[dict]) -> dict:
-    """Held-out multi-turn episodes played greedily (one per prompt, with the run's tools and
-    environment): accuracy (the first reward function's full marks on the whole episode), mean
-    reward, and how often the model called a tool. A failed episode counts as wrong."""
-    from gspo.rollout.episodes import as_messages, run_episodes
-    from gspo.train.run import hf_generator
+def evaluate_episodes(run, rows: list[dict], generator) -> dict:
+    """Held-out multi-turn episodes with the run's tools and environment: one greedy episode per
+    prompt gives accuracy (the first reward function's full marks on the whole episode), mean
+    reward, how often the model called a tool and its turns; with eval.pass_k, k episodes per
+    prompt sampled by `generator` give pass@k. A failed episode counts as wrong."""
+    from gspo.train.run import hf_generator, play_episodes
 
-    cfg, r = run.cfg, run.cfg.rollout
-    ro = run_episodes(hf_generator(cfg, run.generator_model, run.tokenizer, greedy=True), run.tokenizer,
-                      [as_messages(x["prompt"]) for x in rows], 1, tools=run.tools.functions, runner=run.tools.runner,
-                      parser=run.tools.parser, max_turns=r.max_turns,
-                      max_tokens=r.max_episode_tokens or r.max_turns * r.max_new_tokens, seed=0, rows=rows)
-    columns = reward_columns(rows, 1)
-    if ro.env_reward is not None:
-        columns["env_reward"] = list(ro.env_reward)
-    res = run.rewards.score([x["prompt"] for x in rows], [list(t) for t in ro.turns], columns)
-    first = torch.tensor(res.per_function[next(iter(res.per_function))], dtype=torch.float32)
-    failed = torch.tensor([f == "error" for f in ro.finish_reason])
-    ok = (first >= 1.0 - 1e-9) & ~failed
-    total = torch.where(failed, torch.nan, res.rewards)
-    return {"eval/accuracy": ok.float().mean().item(), "eval/reward_mean": torch.nanmean(total).item(),
-            "eval/tool_call_frac": ro.episode_stats["episode/tool_call_frac"],
-            "eval/turns_mean": ro.episode_stats["episode/turns_mean"]}
+    cfg = run.cfg
+
+    def play(generator, repeat: int):
+        ro = play_episodes(cfg, generator, run.tokenizer, run.tools, rows, seed=0, offset=0, group_size=repeat)
+        columns = reward_columns(rows, repeat)
+        if ro.env_reward is not None:
+            columns["env_reward"] = list(ro.env_reward)
+        res = run.rewards.score([x["prompt"] for x in rows for _ in range(repeat)], [list(t) for t in ro.turns],
+                                columns)
+        first = torch.tensor(res.per_function[next(iter(res.per_function))], dtype=torch.float32)
+        failed = torch.tensor([f == "error" for f in ro.finish_reason])
+        return ro, (first >= 1.0 - 1e-9) & ~failed, torch.where(failed, torch.nan, res.rewards)
+
+    ro, ok, total = play(hf_generator(cfg, run.generator_model, run.tokenizer, greedy=True), 1)
+    m = {"eval/accuracy": ok.float().mean().item(), "eval/reward_mean": torch.nanmean(total).item(),
+         "eval/tool_call_frac": ro.episode_stats["episode/tool_call_frac"],
+         "eval/turns_mean": ro.episode_stats["episode/turns_mean"]}
+    k = cfg.eval.pass_k
+    if k:
+        n = max(k, 2)
+        _, ok_k, _ = play(generator, n)
+        correct = ok_k.view(len(rows), n).sum(-1)
+        m[f"eval/pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in correct) / len(rows)
+    return m

@@ -32,8 +32,7 @@ from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rewards.runner import RewardResult
 from gspo.rewards import reward_columns
 from gspo.rollout import Rollout, chunk_seed
-from gspo.rollout.episodes import as_messages, run_episodes
-from gspo.train.run import Run, build_run, push_weights
+from gspo.train.run import Run, build_run, play_episodes, push_weights
 from gspo.train.step_metrics import (add_micro_metrics, completion_rows, mismatch_metrics, mismatch_over_parts,
                                reduce_minibatch_metrics, rollout_metrics)
 from gspo.report.trackers import open_trackers
@@ -81,12 +80,8 @@ def produce(run: Run, state: TrainerState) -> ScoredRollout:
         rollout = rollout.to(run.device)
     elif run.tools is not None:  # multi-turn: the model's turns and the tools' replies
         batch = run.prompts.next_batch()
-        r = cfg.rollout
-        rollout = run_episodes(run.generator, run.tokenizer, [as_messages(row["prompt"]) for row in batch], G,
-                               tools=run.tools.functions, runner=run.tools.runner, parser=run.tools.parser,
-                               max_turns=r.max_turns, max_tokens=r.max_episode_tokens or r.max_turns * r.max_new_tokens,
-                               seed=chunk_seed(cfg.seed, state.rollout),
-                               offset=run.dist.rank * len(batch) * G, rows=batch).to(run.device)
+        rollout = play_episodes(cfg, run.generator, run.tokenizer, run.tools, batch, seed=chunk_seed(cfg.seed, state.rollout),
+                                offset=run.dist.rank * len(batch) * G).to(run.device)
     else:
         batch = run.prompts.next_batch()                                        # B prompt rows
         rollout = run.generator.generate(                                       # B·G episodes

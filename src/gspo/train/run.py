@@ -339,6 +339,11 @@ def build_run(cfg: Config) -> Run:
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list) or tools is not None  # episodes are conversations
+    if tools is not None and asynchronous and d.world_size > 1 and cfg.distributed.strategy == "fsdp" \
+            and cfg.eval.enabled:
+        raise ConfigError("config field 'eval.enabled': held-out episodes under async mode with FSDP2 learners "
+                          "would be played on a generator, which does not run them yet; set eval.enabled=false "
+                          "or distributed.strategy=ddp")
     job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
@@ -393,10 +398,7 @@ def build_run(cfg: Config) -> Run:
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
                resume_from=resume_from, remote=remote,
-               tools=None if tools is None else Tools(tools[0], tools[1],
-                                                      ToolRunner(tools[0], timeout_s=cfg.rollout.tool_timeout_s,
-                                                                 num_workers=cfg.rollout.tool_workers,
-                                                                 env_class=tools[2])))
+               tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
 
 
 @dataclass
@@ -407,6 +409,29 @@ class Tools:
     functions: list
     parser: Any
     runner: Any
+
+
+def episode_tools(cfg: Config, loaded=None) -> Tools | None:
+    """The Tools of rollout.tools / rollout.environment, their worker processes started (None
+    without either): on the learner in sync mode, on each generator in async mode."""
+    loaded = loaded or load_episode_tools(cfg)
+    if loaded is None:
+        return None
+    r = cfg.rollout
+    return Tools(loaded[0], loaded[1], ToolRunner(loaded[0], timeout_s=r.tool_timeout_s, num_workers=r.tool_workers,
+                                                  env_class=loaded[2]))
+
+
+def play_episodes(cfg: Config, generator, tokenizer, tools: Tools, rows: list[dict], *, seed: int, offset: int,
+                  group_size: int | None = None):
+    """rollout.group_size episodes of each row's prompt (`gspo.rollout.episodes.run_episodes`)."""
+    from gspo.rollout.episodes import as_messages, run_episodes
+
+    r = cfg.rollout
+    return run_episodes(generator, tokenizer, [as_messages(x["prompt"]) for x in rows], group_size or r.group_size,
+                        tools=tools.functions, runner=tools.runner, parser=tools.parser, max_turns=r.max_turns,
+                        max_tokens=r.max_episode_tokens or r.max_turns * r.max_new_tokens, seed=seed, offset=offset,
+                        rows=rows)
 
 
 def load_episode_tools(cfg: Config):
