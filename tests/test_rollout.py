@@ -400,3 +400,16 @@ def test_the_preallocated_kv_cache_samples_what_dynamic_cache_samples(tok, arch,
     assert torch.equal(outs[True].completion_ids, outs[False].completion_ids)
     torch.testing.assert_close(outs[True].sampler_logp, outs[False].sampler_logp, rtol=0, atol=1e-6)
     assert caches and all(type(x).__name__ == "BufferLayer" for x in caches[0].layers)
+
+
+def test_distinct_prompts_in_any_order_keep_their_own_cache(tok, model):
+    """Every prompt distinct (a multi-turn episode's contexts, group_size=1) and not in sorted
+    order: each row decodes from its own prompt's keys and values (the prefill's cache holds the
+    distinct prompts in sorted order and must be put back in the rows' order even when nothing
+    is shared), so the sampler's log-probs are the trainer's at every step."""
+    prompts = ["user: 9+9=", "1+2=", "user: 5*5=\nassistant: ", "3+4="]  # not in sorted order
+    torch.manual_seed(0)
+    r = HFGenerator(model, tok, max_new_tokens=8, temperature=1.0).generate(prompts, 1)
+    with torch.no_grad():
+        lp = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1])
+    torch.testing.assert_close(r.sampler_logp, lp, rtol=0, atol=1e-5)

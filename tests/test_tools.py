@@ -361,15 +361,11 @@ def test_calc_evaluates_arithmetic_and_nothing_else():
 def _tool_model(path):
     """A tiny model, warmed up a little to write tool calls (often malformed at this stage:
     every outcome then reaches the model), saved as a user's checkpoint is."""
-    import importlib.util
-    from pathlib import Path
+    from script_module import load_script
 
     from gspo.tool_tasks import calc, multiply
 
-    spec = importlib.util.spec_from_file_location(
-        "calculator_example", Path(__file__).resolve().parents[1] / "examples" / "tools" / "calculator.py")
-    ex = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ex)
+    ex = load_script("examples/tools/calculator.py", "calculator_example")
     tok = build_char_tokenizer(ex.CHARS)
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, seed=0, max_position_embeddings=320)
     ex.warm_up(model, tok, multiply(200, seed=0), [tool_schema(calc)], steps=50, tool_frac=1.0, seed=0, batch=16,
@@ -429,3 +425,14 @@ def test_async_mode_plays_the_episodes_on_its_generator_and_at_k0_trains_what_sy
     strip = lambda recs: [{k: v for k, v in r.items() if not k.startswith("async/")} for r in recs]  # noqa: E731
     sync, asyn = strip(metrics_without_timings(tmp_path / "sync")), strip(metrics_without_timings(tmp_path / "async"))
     assert sync == asyn and max(r.get("episode/turns_mean", 0) for r in sync) > 1
+
+
+def test_the_calculator_example_quick(tmp_path):
+    """examples/tools/calculator.py end to end at its smallest: warm-up, save, GSPO, the table."""
+    from script_module import load_script
+
+    results = load_script("examples/tools/calculator.py", "calculator_example").main(["--quick", "--out", str(tmp_path)])
+    assert len(results) == 1 and {"accuracy_before", "accuracy_after", "tool_call_before", "tool_call_after"} <= \
+        results[0].keys()
+    assert "tool-call rate" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "seed0" / "final" / "config.json").exists()

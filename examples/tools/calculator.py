@@ -40,12 +40,13 @@ BASE = ["data.source=multiply", "data.difficulty=1", "data.num_prompts=4000",
 
 def episode_example(tok, row: dict, schema: list[dict], use_tool: bool) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one supervised episode, in gspo's episode layout."""
+    from gspo.data import encode_texts
     from gspo.rollout.episodes import inserted_text, render
     from gspo.tool_tasks import calc
 
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     messages = [{"role": "user", "content": row["prompt"]}]
-    ids = enc(render(tok, messages, schema, generation_prompt=True))
+    ids = encode_texts(tok, [render(tok, messages, schema, generation_prompt=True)])[0]  # as gspo encodes prompts
     mask = [0] * len(ids)
     eos = tok.eos_token_id
     if use_tool:
@@ -66,6 +67,8 @@ def warm_up(model, tok, rows, schema, *, steps: int, tool_frac: float, seed: int
             lr: float = 2e-3) -> list[float]:
     import torch
 
+    from gspo.demo import supervised_step
+
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -74,16 +77,8 @@ def warm_up(model, tok, rows, schema, *, steps: int, tool_frac: float, seed: int
         idx = torch.randint(len(rows), (batch,), generator=g).tolist()
         tool = (torch.rand(batch, generator=g) < tool_frac).tolist()
         ex = [episode_example(tok, rows[i], schema, t) for i, t in zip(idx, tool)]
-        L = max(len(x) for x, _ in ex)
-        ids = torch.tensor([x + [tok.pad_token_id] * (L - len(x)) for x, _ in ex])
-        att = torch.tensor([[1] * len(x) + [0] * (L - len(x)) for x, _ in ex])
-        lab = torch.tensor([[t if m else -100 for t, m in zip(x, mk)] + [-100] * (L - len(x)) for x, mk in ex])
-        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        labels = [[t if m else -100 for t, m in zip(x, mk)] for x, mk in ex]  # the model's tokens only
+        losses.append(supervised_step(model, opt, [x for x, _ in ex], labels, tok.pad_token_id))
     model.eval()
     return losses
 

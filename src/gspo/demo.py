@@ -43,7 +43,6 @@ def warmup(model, tokenizer, rows: list[dict], *, steps: int, batch_size: int, l
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
-    dev = next(model.parameters()).device
     model.train()
     losses = []
     for _ in range(steps):
@@ -54,17 +53,24 @@ def warmup(model, tokenizer, rows: list[dict], *, steps: int, batch_size: int, l
             a = tokenizer(rows[i]["answer"], add_special_tokens=False)["input_ids"] + [eos]
             seqs.append(p + a)
             labels.append([-100] * len(p) + a)
-        L = max(map(len, seqs))
-        ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)                # (B, L)
-        lab = torch.tensor([s + [-100] * (L - len(s)) for s in labels], device=dev)            # (B, L)
-        att = (torch.arange(L, device=dev)[None] < torch.tensor([len(s) for s in seqs], device=dev)[:, None]).long()
-        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(supervised_step(model, opt, seqs, labels, pad))
     return losses
+
+
+def supervised_step(model, opt, seqs: list[list[int]], labels: list[list[int]], pad: int) -> float:
+    """One teacher-forced step on right-padded sequences: cross-entropy where `labels` is not
+    -100 (transformers shifts them), gradient norm clipped to 1; the loss."""
+    dev = next(model.parameters()).device
+    L = max(map(len, seqs))
+    ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)                # (B, L)
+    lab = torch.tensor([s + [-100] * (L - len(s)) for s in labels], device=dev)            # (B, L)
+    att = (torch.arange(L, device=dev)[None] < torch.tensor([len(s) for s in seqs], device=dev)[:, None]).long()
+    loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
 
 
 def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str, ...] = (),

@@ -145,6 +145,14 @@ def _default_start_method() -> str:
     return "spawn"
 
 
+def kill_worker(proc, conn) -> None:
+    """SIGKILL a worker process (a hung one cannot be asked) and close its pipe."""
+    if proc.is_alive():
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    conn.close()
+
+
 def _short(text: Any, limit: int = 300) -> str:
     text = str(text)
     return repr(text if len(text) <= limit else text[:limit] + f"... [{len(text)} chars]")
@@ -221,11 +229,7 @@ class RewardRunner:
         raise RewardError(f"RewardRunner: reward worker {w} did not start (exit code {proc.exitcode})")
 
     def _kill_worker(self, w: int) -> None:
-        proc, conn = self._workers[w]
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
-        conn.close()
+        kill_worker(*self._workers[w])
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

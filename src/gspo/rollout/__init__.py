@@ -316,8 +316,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=pos[first], **{CACHE_KWARG: cache},
                 use_cache=True, logits_to_keep=1)  # the prefill runs each distinct prompt once
     logits = out.logits[inverse]  # (n, 1, V)
-    if len(first) < n:
-        cache.batch_select_indices(inverse)
+    if len(first) < n or not torch.equal(first, torch.arange(n, device=first.device)):
+        cache.batch_select_indices(inverse)  # the cache's rows are the distinct prompts, in sorted order
     rows = torch.arange(n, device=device)  # rows still decoding, as indices into the batch
     attn, next_pos = mask, pos[:, -1:] + 1
     used = 0

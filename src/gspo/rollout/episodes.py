@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from gspo.data import encode_texts
 from gspo.rollout import Rollout, chunk_seed, left_pad
 from gspo.rollout.tools import OUTCOMES, ToolCall, ToolRunner, env_tools, method_schema, tool_schema
 
@@ -107,7 +108,7 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
         if status == "ok" and obs:
             p.append({"role": "user", "content": obs})
         text = render(tokenizer, p, schemas, generation_prompt=True)
-        e = _Episode(list(tokenizer(text, add_special_tokens=False)["input_ids"]), p)
+        e = _Episode(encode_texts(tokenizer, [text])[0], p)  # the prompt rule of every pass (BOS once)
         if status != "ok":
             e.finish = "error"
             e.new.append({"role": "user", "content": f"(environment reset failed: {obs})"})

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 from gspo.rewards import RewardConfigError
 from gspo.rewards import _import_attr
-from gspo.rewards.runner import _default_start_method
+from gspo.rewards.runner import _default_start_method, kill_worker
 
 OUTCOMES = ("ok", "error", "timeout", "malformed", "unknown", "bad_return")
 
@@ -327,11 +327,7 @@ class ToolRunner:
         self._workers[w] = (proc, parent)
 
     def _kill(self, w: int) -> None:
-        proc, conn = self._workers[w]
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
-        conn.close()
+        kill_worker(*self._workers[w])
         self._workers[w] = None
         self.lost |= self._homes[w]  # their environments went with the worker
         self._homes[w] = set()
