@@ -258,8 +258,8 @@ def test_sorting(difficulty, lengths):
 
 
 def test_tasks_registry_and_errors():
-    assert set(TASKS) == {"arithmetic", "sorting"}
-    with pytest.raises(DataError, match=r"unknown task 'nope'; known tasks: arithmetic, sorting"):
+    assert set(TASKS) == {"arithmetic", "sorting", "multiply", "guess"}  # the last two: multi-turn (tool_tasks)
+    with pytest.raises(DataError, match=r"unknown task 'nope'; known tasks: arithmetic, guess, multiply, sorting"):
         make_task("nope", 3, seed=0)
     with pytest.raises(DataError, match="difficulty"):
         make_task("arithmetic", 3, seed=0, difficulty=4)

@@ -114,7 +114,7 @@ def test_resolve_builtins_paths_and_callables():
 
 
 def test_resolve_errors():
-    known = "code_tests, exact_answer, format, math_verify"
+    known = "code_tests, env_reward, exact_answer, format, math_verify"
     with pytest.raises(RewardConfigError, match=rf"unknown reward 'nope'.*{known}"):
         resolve_reward("nope")
     with pytest.raises(RewardConfigError, match="cannot import module 'no_such_pkg.mod'"):
