@@ -358,7 +358,7 @@ def test_calc_evaluates_arithmetic_and_nothing_else():
 # ------------------------------------------------------------------ the CLI's path
 
 
-def _tool_model(path):
+def _tool_model(path, hidden: int = 32):
     """A tiny model, warmed up a little to write tool calls (often malformed at this stage:
     every outcome then reaches the model), saved as a user's checkpoint is."""
     from script_module import load_script
@@ -367,7 +367,7 @@ def _tool_model(path):
 
     ex = load_script("examples/tools/calculator.py", "calculator_example")
     tok = build_char_tokenizer(ex.CHARS)
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, seed=0, max_position_embeddings=320)
+    model = build_tiny_model(tok, hidden_size=hidden, num_layers=1, seed=0, max_position_embeddings=320)
     ex.warm_up(model, tok, multiply(200, seed=0), [tool_schema(calc)], steps=50, tool_frac=1.0, seed=0, batch=16,
                lr=1e-2)
     model.save_pretrained(path, safe_serialization=True)

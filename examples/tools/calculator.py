@@ -1,6 +1,6 @@
 """A tiny model learns to call a calculator with GSPO, on a CPU.
 
-    python examples/tools/calculator.py                  # 3 seeds (~5 min each on 2 cores)
+    python examples/tools/calculator.py                  # 3 seeds (~4 min each on 2 cores)
     python examples/tools/calculator.py --quick          # a minute: checks the script
 
 The task (`gspo.tool_tasks.multiply`): 'what is 347*28?'. A 2-layer, hidden-128 model cannot
@@ -127,7 +127,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--rollouts", type=int, default=60)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--warmup-steps", type=int, default=400)
+    p.add_argument("--warmup-steps", type=int, default=700)
     p.add_argument("--tool-frac", type=float, default=0.3, help="share of warm-up examples that call the tool")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
