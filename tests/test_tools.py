@@ -437,3 +437,17 @@ def test_the_calculator_example_quick(tmp_path):
         results[0].keys()
     assert "tool-call rate" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "seed0" / "final" / "config.json").exists()
+
+
+def test_a_run_without_signal_says_so_at_most_once_every_n_rollouts(tmp_path):
+    """Every group's rewards equal (exact_answer on a random model: all 0): the console says
+    so on stderr, with what to change, at most once in logging.no_signal_every rollouts."""
+    from test_resume import gspo_train
+
+    p = gspo_train(tmp_path, "flat", "rewards.functions=[{name: exact_answer}]", "schedule.rollouts=4",
+                   "logging.no_signal_every=2", "eval.enabled=false")
+    lines = [ln for ln in p.stderr.splitlines() if "every group's rewards were equal" in ln]
+    assert [ln.split(":")[0] for ln in lines] == ["rollout 1", "rollout 3"], p.stderr[-2000:]
+    assert "rewards.functions" in lines[0] and "rollout.group_size" in lines[0] and "(2 of the last 2" in lines[1]
+    quiet = gspo_train(tmp_path, "signal", "schedule.rollouts=2", "eval.enabled=false")  # count_ones: signal
+    assert "rewards were equal" not in quiet.stderr

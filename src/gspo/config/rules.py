@@ -204,6 +204,7 @@ def fill_clip(cfg: Config) -> None:
 def _validate_tools(cfg) -> None:
     """Multi-turn tool use (rollout.tools): its limits, and what it does not run with yet."""
     r = cfg.rollout
+    _check(cfg.logging.no_signal_every >= 0, "logging.no_signal_every", "must be >= 0 (0 = never)")
     _check(r.max_turns >= 1, "rollout.max_turns", "must be >= 1")
     _check(r.max_episode_tokens >= 0, "rollout.max_episode_tokens", "must be >= 0 (0 = max_turns x max_new_tokens)")
     _check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "must be > 0")

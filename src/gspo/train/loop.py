@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal as signals
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -483,7 +484,24 @@ def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerStat
             sinks.write(rec)
     console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
     if d.is_main:
+        _warn_no_signal(run, state.rollout, common)
         _log_completions(run, console, sinks, state, scored)
+
+
+def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
+    """Say so, at most once in logging.no_signal_every rollouts, when every group of the rollout
+    had equal rewards: every advantage was 0, so the update had no gradient from the loss."""
+    every = run.cfg.logging.no_signal_every
+    run.no_signal.append(metrics.get("adv/frac_zero_std", 0.0) >= 1.0)
+    if not (every and run.no_signal[-1]) or rollout - run.no_signal_warned < every:
+        return
+    run.no_signal_warned = rollout
+    recent = run.no_signal[-every:]
+    print(f"rollout {rollout}: every group's rewards were equal ({sum(recent)} of the last {len(recent)} rollouts): "
+          "the advantages are all 0 and the loss has no gradient. Check that the reward functions can tell the "
+          "completions apart (rewards.functions), that the model can reach a reward at all (a short supervised "
+          "warm-up, easier prompts), or raise rollout.group_size / rollout.temperature for more varied groups.",
+          file=sys.stderr, flush=True)
 
 
 def _log_completions(run: Run, console: Console, sinks: Sinks, state: TrainerState, scored: ScoredRollout):

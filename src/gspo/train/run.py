@@ -11,7 +11,7 @@ import math
 import os
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,8 @@ class Run:
     resume_from: Path | None = None   # the checkpoint to resume from
     remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
     tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
+    no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
+    no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
 
     @property
     def device(self) -> torch.device:
