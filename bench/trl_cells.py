@@ -115,9 +115,8 @@ def run_gspo_async(spec: dict) -> dict:
 
     total = spec["warmup"] + spec["rollouts"]
     with tempfile.TemporaryDirectory(prefix="trl-compare-gspo-async-") as tmp:
-        overrides = [o for o in _gspo_overrides(spec, total, tmp) if not o.startswith("rewards.num_workers")]
-        overrides += ["rewards.functions=[{name: 'trl_compare:bench_reward'}]", "rewards.num_workers=1",
-                      "rollout.mode=async", f"rollout.max_staleness={spec.get('staleness', 1)}"]
+        overrides = [*_gspo_overrides(spec, total, tmp), "rewards.functions=[{name: 'trl_compare:bench_reward'}]",
+                     "rollout.mode=async", f"rollout.max_staleness={spec.get('staleness', 1)}"]
         t0 = time.perf_counter()
         cpu0 = _cpu_sample()
         p = subprocess.run([sys.executable, "-m", "gspo", "train", *overrides], capture_output=True, text=True,

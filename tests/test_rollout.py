@@ -137,7 +137,7 @@ def test_recorded_logp_equals_generate_output_logits(model, tok):
     torch.manual_seed(1)
     model.eval()
     out = model.generate(
-        input_ids=ids, attention_mask=mask, generation_config=gen._generation_config(),
+        input_ids=ids, attention_mask=mask, generation_config=gen._generation_config(gen.max_new_tokens),
         output_logits=True, return_dict_in_generate=True,
     )  # fmt: skip
     comp = out.sequences[:, ids.shape[1] :]

@@ -316,7 +316,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
     out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=pos[first], **{CACHE_KWARG: cache},
                 use_cache=True, logits_to_keep=1)  # the prefill runs each distinct prompt once
     logits = out.logits[inverse]  # (n, 1, V)
-    if len(first) < n or not torch.equal(first, torch.arange(n, device=first.device)):
+    if not torch.equal(first, torch.arange(n, device=first.device)):  # shared prompts, or not in row order
         cache.batch_select_indices(inverse)  # the cache's rows are the distinct prompts, in sorted order
     rows = torch.arange(n, device=device)  # rows still decoding, as indices into the batch
     attn, next_pos = mask, pos[:, -1:] + 1
@@ -407,7 +407,7 @@ class HFGenerator:
     def sync_weights(self, model) -> None:
         """No-op: the generator samples from the module the trainer updates in place."""
 
-    def _generation_config(self):
+    def _generation_config(self, max_new_tokens: int):
         from transformers import GenerationConfig
 
         return GenerationConfig(
@@ -415,7 +415,7 @@ class HFGenerator:
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             bos_token_id=getattr(self.tokenizer, "bos_token_id", None),
@@ -423,10 +423,10 @@ class HFGenerator:
         )
 
     @torch.no_grad()
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, on_forward=None):
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, on_forward=None):
         """One chunk: (B, P) left-padded prompts → (B, T_gen) completion ids and log-probs."""
         if self.engine == "gspo":
-            return decode(self.model, ids, mask, max_new_tokens=self.max_new_tokens, eos_token_ids=self.eos_token_ids,
+            return decode(self.model, ids, mask, max_new_tokens=max_new_tokens, eos_token_ids=self.eos_token_ids,
                           pad_token_id=self.pad_token_id, temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, on_forward=on_forward)
         if on_forward is not None:
@@ -435,7 +435,7 @@ class HFGenerator:
         out = self.model.generate(
             input_ids=ids,
             attention_mask=mask,
-            generation_config=self._generation_config(),
+            generation_config=self._generation_config(max_new_tokens),
             logits_processor=[recorder],
         )
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
@@ -447,8 +447,8 @@ class HFGenerator:
         return torch.autocast(device.type, dtype=self.autocast_dtype or torch.bfloat16,
                               enabled=self.autocast_dtype is not None)
 
-    def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None,
-                    offset: int = 0):
+    def _sample_all(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None, offset: int,
+                    max_new_tokens: int):
         """All N rows in chunks of `batch_size`, under `gspo.models.generation_mode`."""
         n = prompt_ids.shape[0]
         step = self.batch_size or n
@@ -460,12 +460,12 @@ class HFGenerator:
                 hook = None if self.routes is None else self.routes.recorder(start, first)
                 if seed is None:
                     with self._autocast(ids.device):
-                        chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
+                        chunks.append(self._sample(ids[:, first:], mask[:, first:], max_new_tokens, hook))
                     continue
                 devices = [ids.device] if ids.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices), self._autocast(ids.device):
                     torch.manual_seed(chunk_seed(seed, offset + start))
-                    chunks.append(self._sample(ids[:, first:], mask[:, first:], hook))
+                    chunks.append(self._sample(ids[:, first:], mask[:, first:], max_new_tokens, hook))
         return chunks
 
     def generate(self, prompts: list[str], group_size: int, *, seed: int | None = None,
@@ -483,13 +483,12 @@ class HFGenerator:
         token in, token out."""
         device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id, device)  # (N, P)
-        limit, self.max_new_tokens = self.max_new_tokens, int(max_new_tokens or self.max_new_tokens)
+        limit = int(max_new_tokens or self.max_new_tokens)
         if self.routes is not None:
-            self.routes.reset(len(rows), prompt_ids.shape[1] + self.max_new_tokens, device)
+            self.routes.reset(len(rows), prompt_ids.shape[1] + limit, device)
         try:
-            chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset)
+            chunks = self._sample_all(prompt_ids, prompt_mask, seed, offset, limit)
         finally:
-            self.max_new_tokens = limit
             if self.routes is not None:
                 self.routes.stop_recording()
 

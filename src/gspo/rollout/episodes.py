@@ -188,14 +188,12 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
         if e.finish is None:
             e.finish = "max_turns"
     env_reward = runner.finish(list(range(n_ep))) if env is not None else None
-    ro = _assemble(episodes, generator.pad_token_id, prompts, group_size, generator)
-    ro.env_reward = env_reward
-    return ro
+    return _assemble(episodes, generator.pad_token_id, prompts, group_size, env_reward)
 
 
-def _assemble(episodes: list[_Episode], pad_id: int, prompts, group_size: int, generator) -> Rollout:
-    device = torch.device("cpu")  # the caller moves the rollout to the learner's device
-    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id, device)
+def _assemble(episodes: list[_Episode], pad_id: int, prompts, group_size: int, env_reward) -> Rollout:
+    """The episodes as one Rollout, on the CPU (the caller moves it to the learner's device)."""
+    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id, torch.device("cpu"))
     n, t = len(episodes), max([len(e.ids) for e in episodes] + [1])
     ids = torch.full((n, t), pad_id, dtype=torch.long)
     mask = torch.zeros((n, t), dtype=torch.long)
@@ -215,10 +213,10 @@ def _assemble(episodes: list[_Episode], pad_id: int, prompts, group_size: int, g
     for k in OUTCOMES:
         stats[f"episode/tool_{k}_mean"] = sum(e.outcomes[k] for e in episodes) / n
     texts = [json.dumps(p, ensure_ascii=False) if not isinstance(p, str) else p for p in prompts]
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids.to(device),
-                   completion_mask=mask.to(device), sampler_logp=logp.to(device),
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids,
+                   completion_mask=mask, sampler_logp=logp,
                    finish_reason=[e.finish for e in episodes], group_size=group_size,
                    prompts=[p for p in texts for _ in range(group_size)],
                    completions=[next((m["content"] for m in reversed(e.new) if m["role"] == "assistant"), "")
                                 for e in episodes],
-                   loss_mask=loss.to(device), turns=[e.new for e in episodes], episode_stats=stats)
+                   loss_mask=loss, turns=[e.new for e in episodes], episode_stats=stats, env_reward=env_reward)

@@ -208,7 +208,7 @@ class _Host:
             except Exception as e:
                 return "error", f"{type(e).__name__}: {e}"
             self.envs[ep] = env
-            return "ok", obs if obs is None else reply_text(obs) if not isinstance(obs, str) else obs
+            return "ok", None if obs is None else reply_text(obs)
         if op == "env_call":
             ep, name, arguments = args
             return _call_tool(getattr(self.envs[ep], name), arguments)
@@ -428,14 +428,12 @@ class ToolRunner:
             self._homes.setdefault(self._home(ep), set()).add(ep)
             reqs.append((self._home(ep), "reset", (ep, dict(row))))
         self.lost = set()
-        out = self._requests(reqs)
-        return [(o[0] if o[0] in ("ok", "error") else "error", o[1] if o[0] in ("ok", "error") else o[0])
-                for o in out]
+        return [_as_outcome(o) for o in self._requests(reqs)]
 
     def step(self, episodes: Sequence[int], messages: Sequence[list[dict]]) -> list[tuple[str, Any]]:
         """env.step(messages) of each episode: ('ok', (new messages, done)) or ('error', why)."""
         out = self._requests([(self._home(ep), "step", (ep, list(m))) for ep, m in zip(episodes, messages)])
-        return [(o[0], o[1]) if o[0] in ("ok", "error") else ("error", o[0]) for o in out]
+        return [_as_outcome(o) for o in out]
 
     def finish(self, episodes: Sequence[int]) -> list[float | None]:
         """Each episode's environment reward (None: none reported, or it was lost / failed)."""
@@ -444,3 +442,8 @@ class ToolRunner:
         for w in self._homes:
             self._homes[w] -= set(episodes)
         return [got[ep][1] if ep in got and got[ep][0] == "ok" else None for ep in episodes]
+
+
+def _as_outcome(reply: tuple[str, Any]) -> tuple[str, Any]:
+    """A worker's ('ok' | 'error', value) as it is; a 'timeout' or 'died' as ('error', that word)."""
+    return reply if reply[0] in ("ok", "error") else ("error", reply[0])

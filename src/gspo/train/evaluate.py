@@ -120,17 +120,14 @@ def evaluate_episodes(run, rows: list[dict], generator) -> dict:
     prompt gives accuracy (the first reward function's full marks on the whole episode), mean
     reward, how often the model called a tool and its turns; with eval.pass_k, k episodes per
     prompt sampled by `generator` give pass@k. A failed episode counts as wrong."""
+    from gspo.train.loop import score  # (loop imports this module)
     from gspo.train.run import hf_generator, play_episodes
 
     cfg = run.cfg
 
     def play(generator, repeat: int):
         ro = play_episodes(cfg, generator, run.tokenizer, run.tools, rows, seed=0, offset=0, group_size=repeat)
-        columns = reward_columns(rows, repeat)
-        if ro.env_reward is not None:
-            columns["env_reward"] = list(ro.env_reward)
-        res = run.rewards.score([x["prompt"] for x in rows for _ in range(repeat)], [list(t) for t in ro.turns],
-                                columns)
+        res = score(run, rows, ro)
         first = torch.tensor(res.per_function[next(iter(res.per_function))], dtype=torch.float32)
         failed = torch.tensor([f == "error" for f in ro.finish_reason])
         return ro, (first >= 1.0 - 1e-9) & ~failed, torch.where(failed, torch.nan, res.rewards)

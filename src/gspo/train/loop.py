@@ -93,9 +93,6 @@ def produce(run: Run, state: TrainerState) -> ScoredRollout:
         times = {"time/generate": time.perf_counter() - t0}
     t1 = time.perf_counter()
     rewards = score(run, batch, rollout)                                        # rewards
-    if rollout.turns is not None:  # an episode that failed (its environment) has no reward
-        failed = torch.tensor([f == "error" for f in rollout.finish_reason])
-        rewards.rewards[failed] = 0.0 if cfg.rewards.on_error == "zero" else float("nan")
     times["time/score"] = time.perf_counter() - t1
     if run.remote is not None:
         stale = (state.rollout - rollout.policy_version).double()
@@ -105,7 +102,8 @@ def produce(run: Run, state: TrainerState) -> ScoredRollout:
 
 
 def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
-    """Weighted reward per completion (NaN where missing) and each function's own values."""
+    """Weighted reward per completion (NaN where missing) and each function's own values; a
+    multi-turn episode is scored on its messages, and one that failed has no reward."""
     G = rollout.group_size
     prompts = [row["prompt"] for row in batch for _ in range(G)]
     if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
@@ -117,7 +115,11 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
     columns = reward_columns(batch, G)
     if rollout.env_reward is not None:  # what the episodes' environments reported
         columns["env_reward"] = list(rollout.env_reward)
-    return run.rewards.score(prompts, completions, columns)
+    result = run.rewards.score(prompts, completions, columns)
+    if rollout.turns is not None:  # an episode that failed (its environment) has no reward
+        failed = torch.tensor([f == "error" for f in rollout.finish_reason])
+        result.rewards[failed] = 0.0 if run.cfg.rewards.on_error == "zero" else float("nan")
+    return result
 
 
 # ---------------------------------------------------------------- learn

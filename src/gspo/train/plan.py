@@ -183,18 +183,15 @@ def build_plan(minibatch_rows: list[torch.Tensor], lengths: torch.Tensor, *, liv
     episode's tool replies are attended, not learned): the tokens and token-mean weights count them."""
     lengths = lengths.cpu()
     tok = lengths if loss_lengths is None else loss_lengths.cpu()
-    if micro_size and buckets is not None:
-        minibatch_rows_sorted = [mb[lengths[mb].argsort(stable=True)] for mb in minibatch_rows]
-        pieces = [list(mb.split(micro_size)) for mb in minibatch_rows_sorted]
-        kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
-    elif buckets is not None:
+    if buckets is not None and not micro_size:  # cut by length, the count agreed by every process
         cuts = [LengthCuts(mb if live is None else mb[live[mb]], lengths, **buckets) for mb in minibatch_rows]
         want = torch.tensor([c.best for c in cuts], dtype=torch.float64)
         k = gather(want).view(-1, len(cuts)).max(0).values.long().tolist()  # the most any process wants
         kept = [c.buckets(max(kb, 1)) for c, kb in zip(cuts, k)]
         pieces = [[b if len(b) else mb[:1] for b in mb_kept] for mb, mb_kept in zip(minibatch_rows, kept)]
-    else:
-        pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in minibatch_rows]
+    else:  # fixed micro-batches (sorted by length first when cutting by length is on)
+        order = minibatch_rows if buckets is None else [mb[lengths[mb].argsort(stable=True)] for mb in minibatch_rows]
+        pieces = [list(mb.split(micro_size or max(len(mb), 1))) for mb in order]
         kept = [[p if live is None else p[live[p]] for p in mb] for mb in pieces]
     old_rows = torch.tensor([], dtype=torch.long)
     if old_pass:
