@@ -451,3 +451,34 @@ def test_a_run_without_signal_says_so_at_most_once_every_n_rollouts(tmp_path):
     assert "rewards.functions" in lines[0] and "rollout.group_size" in lines[0] and "(2 of the last 2" in lines[1]
     quiet = gspo_train(tmp_path, "signal", "schedule.rollouts=2", "eval.enabled=false")  # count_ones: signal
     assert "rewards were equal" not in quiet.stderr
+
+
+# A template in the Qwen2.5 / Hermes style (written here, not copied): tools in a system block,
+# <|im_start|>role ... <|im_end|> turns, consecutive tool replies in one user turn inside
+# <tool_response> tags.
+QWEN_STYLE = (  # newlines as {{ '\n' }}: transformers renders templates with trim_blocks
+    "{% if tools %}<|im_start|>system{{ '\\n' }}# Tools{{ '\\n' }}{% for t in tools %}{{ t | tojson }}{{ '\\n' }}"
+    "{% endfor %}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>{{ '\\n' }}{{ m.content }}{{ '\\n' }}</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}{{ '\\n' }}{{ m.content }}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}{% endif %}"
+)
+
+
+def test_what_goes_between_turns_in_a_qwen_style_template():
+    """The inserted text is the template's own: after the sampled <|im_end|>, its newline, the
+    replies grouped in one user turn, and the next generation prompt."""
+    from gspo.rollout.episodes import inserted_text
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = QWEN_STYLE
+    schema = [tool_schema(add)]
+    messages = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": call("add", a=2, b=3)}]
+    replies = [{"role": "tool", "name": "add", "content": "5"}, {"role": "tool", "name": "add", "content": "6"}]
+    got = inserted_text(tok, messages, replies, schema, "<|im_end|>")
+    assert got == ("\n<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response>"
+                   "<|im_end|>\n<|im_start|>assistant\n")
