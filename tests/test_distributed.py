@@ -176,3 +176,17 @@ def test_lora_under_fsdp_with_bf16_matches_one_process(tmp_path):
     mp = train(tmp_path, "lora_bf16", "lora.enabled=true", "model.mixed_precision=bf16",
                "model.gradient_checkpointing=true", "schedule.rollouts=1", nproc=2)
     assert (mp / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("extra", [("algo.objective=gmpo",),  # the frozen reference copy, sharded like the trainer
+                                   ("lora.enabled=true", "algo.objective=cispo", "algo.level=token")])  # adapters off
+def test_kl_to_the_reference_under_fsdp_matches_one_process(tmp_path, extra):
+    """A KL penalty in the loss: the reference's forwards are collectives under FSDP2 (every rank
+    runs them for each micro-batch) and the 2-process update equals the 1-process one."""
+    extra = (*extra, "algo.kl_coef=0.5", "algo.entropy_coef=0.01", "schedule.rollouts=2")
+    one = train(tmp_path, "one", *extra)
+    two = train(tmp_path, "two", *extra, nproc=2)
+    assert max_diff(final(one), final(two)) <= TOL
+    assert_metrics_close(one, two)
+    steps = [m for m in metrics(one) if "kl/ref" in m]
+    assert steps[0]["kl/ref"] == 0.0 and steps[-1]["kl/ref"] > 0  # the first step runs at the starting weights

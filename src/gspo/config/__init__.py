@@ -17,7 +17,7 @@ from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for
 from omegaconf.errors import OmegaConfBaseException
 
 from gspo.config.fields import (  # noqa: F401  (the names users import from gspo.config)
-    PAPER_CLIP, TRACKER_NAMES, AlgoConfig, CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig,
+    OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, AlgoConfig, CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig,
     EvalConfig, LoggingConfig, LoraConfig, ModelConfig, OptimConfig, OutputConfig, RewardFunctionConfig,
     RewardsConfig, RolloutConfig, ScheduleConfig, TinyConfig, VllmConfig, doc,
 )

@@ -13,6 +13,11 @@ from typing import Any, Dict, List, Optional
 # within ~1e-3 of 1, where 0.2 would never clip. load_config fills algo.eps_low / eps_high from
 # here when they are left unset, so the run's config.yaml holds the values it trained with.
 PAPER_CLIP = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
+# ... and of each algo.objective whose paper gives its own: GMPO's are bounds of the token
+# LOG-ratio (arXiv 2507.20673: e^-0.4, e^0.4); CISPO's lower 1 is no lower bound (MiniMax-M1
+# sets none) and its upper 0.28 is DAPO's eps_high (MiniMax-M1 tunes it and reports no value);
+# LUSPO keeps GSPO's; SAPO has no clip range (its gate's temperatures are algo.sapo_tau_*).
+OBJECTIVE_CLIP = {"gmpo": (0.4, 0.4), "cispo": (1.0, 0.28), "sapo": (None, None)}
 
 # logging.report_to's values (TRL's names); gspo.report.trackers has a class for each
 TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "mlflow")
@@ -133,6 +138,12 @@ class RolloutConfig:
     tool_timeout_s: float = doc(10.0, "rollout.tools: deadline of one tool call (its worker is then killed and the "
                                 "model reads a timeout error)")
     tool_workers: int = doc(1, "rollout.tools: worker processes that run tool calls (0 = in-process, no deadline)")
+    dynamic_sampling: bool = doc(False, "DAPO's dynamic sampling: draw rounds of prompts_per_step prompts and keep the "
+                                 "groups with signal (rewards not all equal) until prompts_per_step are kept; the batch "
+                                 "is topped up with groups without signal when the rounds run out (docs/data_controls.md)")
+    dynamic_sampling_max_rounds: int = doc(4, "rollout.dynamic_sampling: generation rounds per rollout at most, the first "
+                                           "included (4: at most 4x the sampling of a plain rollout; fills the batch in "
+                                           "expectation while a quarter of the groups carry signal)")
 
 
 @dataclass
@@ -148,9 +159,12 @@ class VllmConfig:
 @dataclass
 class RewardFunctionConfig:
     name: str = doc("exact_answer", "built-in reward name, import path (pkg.module:function) or file (path/to/file.py:function); "
-                    "modules and files are found among installed modules, in the working directory and beside the config file")
+                    "modules and files are found among installed modules, in the working directory and beside the config file; "
+                    "or model:PATH_OR_ID (a sequence-classification reward model) | judge:PATH_OR_ID (a causal-LM judge), "
+                    "docs/rewards.md")
     weight: float = doc(1.0, "weight of this function in the summed reward")
-    kwargs: Dict[str, Any] = doc({}, "extra keyword arguments passed to the function")
+    kwargs: Dict[str, Any] = doc({}, "extra keyword arguments passed to the function (model: / judge: its loading "
+                                 "options: device, dtype, batch_size, label, template, regex, ...; docs/rewards.md)")
 
 
 @dataclass
@@ -162,11 +176,27 @@ class RewardsConfig:
     on_error: str = doc("raise", "when a reward function fails: raise | skip (score missing) | zero")
     num_workers: int = doc(1, "reward worker processes")
     allow_code_execution: bool = doc(False, "allow the code_tests reward to run model-written code (contained, not sandboxed)")
+    overlong_penalty: float = doc(0.0, "DAPO's soft overlong penalty: up to this much is taken off the reward of a "
+                                  "completion that runs into the last overlong_buffer tokens of the length limit (0 = off; "
+                                  "DAPO: 1.0; docs/data_controls.md)")
+    overlong_buffer: int = doc(0, "rewards.overlong_penalty: the buffer L_cache in tokens, the penalty growing linearly over "
+                               "it to the full penalty at the length limit (0 = a fifth of the limit, DAPO's 4096 of 20480)")
 
 
 @dataclass
 class AlgoConfig:
     level: str = doc("sequence", "sequence (GSPO) | sequence_token (GSPO-token) | token (GRPO baseline)")
+    objective: str = doc("clip", "what is applied to the ratio: clip (PPO's clip: GSPO / GSPO-token / GRPO by level) | "
+                         "sapo (soft gate, level=token) | cispo (truncated stop-gradient weight, level=token) | gmpo "
+                         "(clipped geometric mean, level=sequence) | luspo (GSPO x |y|, level=sequence); docs/objectives.md")
+    sapo_tau_pos: float = doc(1.0, "sapo: gate temperature where the advantage is > 0 (SAPO paper: 1.0)")
+    sapo_tau_neg: float = doc(1.05, "sapo: gate temperature where the advantage is <= 0 (SAPO paper: 1.05)")
+    kl_coef: float = doc(0.0, "weight of a KL(pi_theta || pi_ref) penalty towards the starting weights (0 = none, "
+                         "as in the paper; with LoRA the reference is the base model with adapters disabled)")
+    kl_estimator: str = doc("k3", "KL estimator per token: k1 (log ratio) | k2 (half its square) | k3 (r - 1 - log r, GRPO's)")
+    entropy_coef: float = doc(0.0, "weight of an entropy bonus (pi_theta's entropy, aggregated as the loss; 0 = none)")
+    mask_truncated: bool = doc(False, "leave completions cut by the length limit (finish reason 'length') out of the "
+                               "loss (DAPO's overlong filtering): they add 0 but still count in the mean")
     eps_low: Optional[float] = doc(None, "lower clip range; default per level: 3e-4 sequence levels, 0.2 token (paper §5.1)")
     eps_high: Optional[float] = doc(None, "upper clip range; default per level: 4e-4 sequence levels, 0.27 token")
     aggregation: Optional[str] = doc(None, "token level only: seq-mean-token-mean | token-mean | seq-mean-token-sum-norm")
@@ -232,6 +262,9 @@ class LoggingConfig:
     table_every: int = doc(10, "print a table of sample completions every N rollouts (0 = never)")
     table_rows: int = doc(4, "rows in the console completions table")
     routing_per_layer: bool = doc(False, "MoE: also log routing/changed_frac for every layer")
+    entropy: bool = doc(True, "log entropy/mean, pi_theta's token entropy, every step (computed in the chunked LM head)")
+    kl_reference: bool = doc(False, "log kl/ref, the KL to the starting weights, every step even with algo.kl_coef=0 "
+                             "(runs the reference's forward)")
     no_signal_every: int = doc(10, "warn on stderr, at most once in this many rollouts, when every group of a "
                                "rollout had equal rewards (no advantage, so no gradient; 0 = never)")
     report_to: List[str] = doc([], "experiment trackers (TRL's names): any of tensorboard, wandb, trackio, mlflow "

@@ -4,7 +4,9 @@ model loads."""
 
 from __future__ import annotations
 
-from gspo.config.fields import PAPER_CLIP, TRACKER_NAMES, Config, ConfigError
+import math
+
+from gspo.config.fields import OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, Config, ConfigError
 
 # ---------------------------------------------------------------- validation
 
@@ -82,6 +84,7 @@ def validate(cfg: Config) -> None:
     _validate_vllm(cfg)
     _validate_async(cfg)
     _validate_tools(cfg)
+    _validate_data_controls(cfg)
     n = r.prompts_per_step * r.group_size
     _check(s.num_minibatches >= 1, "schedule.num_minibatches", "must be >= 1")
     _check(n % s.num_minibatches == 0, "schedule.num_minibatches",
@@ -107,14 +110,29 @@ def validate(cfg: Config) -> None:
     _check(a.adv_scale in ("group", "none"), "algo.adv_scale", f"'{a.adv_scale}' is not group | none")
     _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
     max_len = r.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
+    _check(a.objective in algo.OBJECTIVES, "algo.objective", f"'{a.objective}' is not {' | '.join(algo.OBJECTIVES)}")
+    _check(a.level in algo.OBJECTIVE_LEVELS[a.objective], "algo.level",
+           f"objective={a.objective} is defined at level={algo.OBJECTIVE_LEVELS[a.objective][0]} (its paper's ratio), "
+           f"not level={a.level}")
+    if a.objective == "sapo":
+        for name in ("eps_low", "eps_high"):
+            _check(getattr(a, name) is None, f"algo.{name}", "is not used by objective=sapo (a soft gate, no clip "
+                   "range; its temperatures are algo.sapo_tau_pos / sapo_tau_neg): leave it unset")
     try:
         fill_clip(cfg)
-        lo, hi, _ = algo.validate_algo(a.level, a.eps_low, a.eps_high, a.aggregation, max_len,
-                                       max_log_ratio=a.max_log_ratio)
+        sapo = a.objective == "sapo"
+        lo, hi, a.aggregation = algo.validate_algo(
+            a.level, a.eps_low, a.eps_high, a.aggregation, max_len, max_log_ratio=a.max_log_ratio,
+            objective=a.objective, tau_pos=a.sapo_tau_pos if sapo else None, tau_neg=a.sapo_tau_neg if sapo else None)
     except ValueError as e:
         raise ConfigError(f"config field 'algo': {e}") from None
-    _check(lo <= hi, "algo.eps_low", f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, "
-           f"3e-4/4e-4 and 0.2/0.27, widen the upper side)")
+    _check(lo is None or a.objective in ("cispo", "gmpo") or lo <= hi, "algo.eps_low",
+           f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, 3e-4/4e-4 and 0.2/0.27, "
+           "widen the upper side)")
+    _check(a.kl_coef >= 0 and math.isfinite(a.kl_coef), "algo.kl_coef", "must be a finite number >= 0")
+    _check(a.kl_estimator in algo.KL_ESTIMATORS, "algo.kl_estimator",
+           f"'{a.kl_estimator}' is not {' | '.join(algo.KL_ESTIMATORS)}")
+    _check(a.entropy_coef >= 0 and math.isfinite(a.entropy_coef), "algo.entropy_coef", "must be a finite number >= 0")
     sampler_records_routes = r.mode == "async" and r.decode == "gspo" and r.backend == "hf"
     _check(not (a.routing_replay and r.old_logp == "sampler") or sampler_records_routes, "algo.routing_replay",
            "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer (or async mode with "
@@ -149,6 +167,30 @@ def validate(cfg: Config) -> None:
     _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
     _check(cfg.threads >= 0, "threads", "must be >= 0")
     _check(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain directory name")
+
+
+def _validate_data_controls(cfg: Config) -> None:
+    """DAPO's dynamic sampling (rollout.dynamic_sampling) and soft overlong penalty
+    (rewards.overlong_penalty); docs/data_controls.md."""
+    import math
+
+    from gspo.rewards.shaping import length_limit
+
+    r, rw = cfg.rollout, cfg.rewards
+    _check(r.dynamic_sampling_max_rounds >= 1, "rollout.dynamic_sampling_max_rounds",
+           f"must be >= 1 (the first round included; got {r.dynamic_sampling_max_rounds})")
+    _check(not (r.dynamic_sampling and r.mode == "async"), "rollout.dynamic_sampling",
+           "is not supported with rollout.mode=async (the generators sample a fixed schedule of rollouts ahead); "
+           "use rollout.mode=sync or set rollout.dynamic_sampling=false")
+    p = rw.overlong_penalty
+    _check(math.isfinite(p) and p >= 0, "rewards.overlong_penalty", f"must be a finite number >= 0 (0 = off; got {p})")
+    _check(rw.overlong_buffer >= 0, "rewards.overlong_buffer", f"must be >= 0 (0 = a fifth of the length limit; "
+           f"got {rw.overlong_buffer})")
+    limit = length_limit(r)
+    _check(p == 0 or rw.overlong_buffer <= limit, "rewards.overlong_buffer",
+           f"{rw.overlong_buffer} is longer than the length limit it ends at ({limit} tokens: "
+           + ("rollout.max_episode_tokens, or max_turns x max_new_tokens" if r.tools or r.environment
+              else "rollout.max_new_tokens") + "); it must be in [1, that limit]")
 
 
 def _validate_async(cfg: Config) -> None:
@@ -193,10 +235,11 @@ def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
 
 
 def fill_clip(cfg: Config) -> None:
-    """algo.eps_low / eps_high left unset take the level's clip range (`PAPER_CLIP`)."""
+    """algo.eps_low / eps_high left unset take the objective's clip range (`OBJECTIVE_CLIP`),
+    else the level's (`PAPER_CLIP`)."""
     a = cfg.algo
-    if a.level in PAPER_CLIP:
-        low, high = PAPER_CLIP[a.level]
+    if a.objective in OBJECTIVE_CLIP or a.level in PAPER_CLIP:
+        low, high = OBJECTIVE_CLIP.get(a.objective) or PAPER_CLIP[a.level]
         a.eps_low = low if a.eps_low is None else a.eps_low
         a.eps_high = high if a.eps_high is None else a.eps_high
 

@@ -265,20 +265,75 @@ class _PickedLogSoftmax(torch.autograd.Function):
         return grad.to(ctx.dtype), None, None
 
 
-def _chunk_logp(head, hidden, targets, temperature, scale, softcap):
-    """log_softmax(head(hidden) / T)[targets] for one chunk: (n, H), (n,) → (n,) float32.
+class _PickedLogSoftmaxEntropy(torch.autograd.Function):
+    """`_PickedLogSoftmax` that also returns the entropy of softmax(z), z = factor · logits,
+    from the same pass: (n, V), (n,) -> (n,), (n,) float32, H = log Σ e^z' − Σ e^z' z' / Σ e^z'
+    (z' = z − max). The backward is written out too:
+        d log p_y / dz = onehot(y) − p,     dH / dz = −p ⊙ (log p + H),
+    so an entropy bonus needs no second pass over the vocabulary either. One more (n, V)
+    temporary than `_PickedLogSoftmax` in the forward (the shifted logits and their exponentials
+    both live for the dot product); the same saved tensors."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, factor: float):
+        z = logits.float()
+        owned = z is not logits
+        if factor != 1.0:
+            z = z.mul_(factor) if owned else z * factor
+            owned = True
+        zs = z.sub_(z.amax(dim=-1, keepdim=True)) if owned else z - z.amax(dim=-1, keepdim=True)  # (n, V) <= 0
+        picked = zs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
+        e = zs.exp()  # (n, V) in (0, 1]
+        total = e.sum(dim=-1)  # (n,) >= 1
+        log_total = total.log()
+        entropy = log_total - torch.linalg.vecdot(e, zs) / total  # (n,)
+        del zs
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(e, total, targets, entropy)
+        ctx.factor, ctx.dtype, ctx.spent = factor, logits.dtype, False
+        return picked - log_total, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_lp, g_ent):
+        if ctx.spent:
+            raise RuntimeError("_PickedLogSoftmaxEntropy: backward ran twice (retain_graph is not supported)")
+        ctx.spent = True
+        e, total, targets, entropy = ctx.saved_tensors
+        p = e.div_(total.unsqueeze(-1))  # (n, V) softmax, in place over the saved exponentials
+        g_lp = torch.zeros_like(total) if g_lp is None else g_lp.float()  # (n,)
+        if g_ent is None:
+            grad = p.mul_(-g_lp.unsqueeze(-1))
+        else:
+            g_ent = g_ent.float()
+            plogp = torch.special.xlogy(p, p)  # (n, V) p log p, 0 where p underflowed to 0
+            grad = p.mul_(-(g_lp + g_ent * entropy).unsqueeze(-1)).sub_(plogp.mul_(g_ent.unsqueeze(-1)))
+        grad.scatter_add_(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))  # + g at the target
+        return grad.mul_(ctx.factor).to(ctx.dtype), None, None
+
+
+def _softmax_entropy(logp_full: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of a (n, V) log-softmax: −Σ p log p."""
+    return -(logp_full.exp() * logp_full).sum(-1)
+
+
+def _chunk_logp(head, hidden, targets, temperature, scale, softcap, entropy=False):
+    """log_softmax(head(hidden) / T)[targets] for one chunk: (n, H), (n,) → (n,) float32; with
+    `entropy`, also the entropy of softmax(head(hidden) / T) at each of the n positions.
 
     The matmul runs in the model's dtype (as in the model's own forward); the logits are then
     upcast to fp32 for the temperature, the log-sum-exp and the gather (`_PickedLogSoftmax`;
     a soft-capped head goes through autograd).
     """
     if softcap is None:
-        return _PickedLogSoftmax.apply(head(hidden), targets, scale / temperature)
+        fn = _PickedLogSoftmaxEntropy if entropy else _PickedLogSoftmax
+        return fn.apply(head(hidden), targets, scale / temperature)
     logits = _transform(head(hidden).float(), scale, softcap)  # (n, V)
     if temperature != 1.0:  # (a division by 1 is a full pass over the logits for nothing)
         logits = logits / temperature
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
-    return picked - torch.logsumexp(logits, dim=-1)
+    lp = picked - torch.logsumexp(logits, dim=-1)
+    return (lp, _softmax_entropy(torch.log_softmax(logits, dim=-1))) if entropy else lp
 
 
 _HEAD_OK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -339,7 +394,8 @@ def token_logprobs(
     share_prompt: bool = ModelConfig.share_prompt,
     decided: bool | None = None,
     share_min_work: float = 0.0,
-) -> torch.Tensor:
+    entropy: bool = False,
+):
     """log π(y_t | x, y_<t) of every completion token, at the sampling temperature.
 
     `input_ids` is ``[left-padded prompt | right-padded completion]``, shape (N, P+T) with
@@ -361,13 +417,17 @@ def token_logprobs(
     ``decided`` is that decision made beforehand (under FSDP2 the rollout's plan makes it alike
     on every process); None decides from this call's rows, and then ``share_min_work`` (see
     `share_min_saved`) must be met too.
+
+    ``entropy``: return (log-probs, entropies), both (N, T) float32: the entropy of π(· | x,
+    y_<t) at the sampling temperature at each completion position, from the same chunked head
+    (no second pass over the vocabulary), differentiable, 0 where the mask is 0.
     """
     _check_inputs(input_ids, attention_mask, completion_len, temperature)
     n, length = input_ids.shape
     t = completion_len
     out = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T)
     if t == 0:
-        return out
+        return (out, out.clone()) if entropy else out
     base = base_model(model)
     head = base.get_output_embeddings()
     scale, softcap = _logit_transform(model)
@@ -375,7 +435,7 @@ def token_logprobs(
         model, head, scale, softcap, input_ids, attention_mask
     ):
         return naive_token_logprobs(
-            model, input_ids, attention_mask, completion_len, temperature=temperature
+            model, input_ids, attention_mask, completion_len, temperature=temperature, entropy=entropy
         )
 
     position_ids = position_ids_from_mask(attention_mask)  # (N, L)
@@ -393,11 +453,15 @@ def token_logprobs(
     valid = attention_mask[:, length - t :].bool()  # (N, T)
     hidden, targets = hidden[valid], targets[valid]  # (M, H), (M,) real tokens only
 
+    ent_out = out.clone() if entropy else None
     if hidden.shape[0]:
         lp = head_logprobs(head, hidden, targets, temperature=temperature, chunk_size=chunk_size,
-                           scale=scale, softcap=softcap)  # (M,)
+                           scale=scale, softcap=softcap, entropy=entropy)  # (M,) or two
+        if entropy:
+            lp, ent = lp
+            ent_out = ent_out.masked_scatter(valid, ent)  # (N, T)
         out = out.masked_scatter(valid, lp)  # (N, T)
-    return out
+    return (out, ent_out) if entropy else out
 
 
 # Below this many bytes of fp32 logits for a whole call, the head runs without checkpointing
@@ -406,13 +470,16 @@ _UNCHECKPOINTED_LOGITS_BYTES = 16 << 20
 
 
 def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = RolloutConfig.temperature,
-                  chunk_size: int = ModelConfig.logprob_chunk_size, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+                  chunk_size: int = ModelConfig.logprob_chunk_size, scale: float = 1.0, softcap: float | None = None,
+                  entropy: bool = False):
     """log_softmax(head(hidden) / temperature)[targets] for M tokens, `chunk_size` at a time.
 
     (M, H), (M,) -> (M,) float32. With grad, each chunk runs under activation checkpointing, so
     only one chunk's [chunk x vocab] fp32 logits exist at a time, in the forward pass and again
     (recomputed) in the backward pass; the full [M x vocab] logits are never materialised.
     When all M x vocab fp32 logits fit in 16 MiB (small vocabularies), nothing is recomputed.
+    With `entropy`, returns (log-probs (M,), entropies (M,)): each position's entropy of
+    softmax(logits / temperature) from the same chunks, differentiable.
     """
     use_ckpt = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
@@ -425,13 +492,17 @@ def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, *, temperat
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         if use_ckpt:
             lp = checkpoint(
-                _chunk_logp, head, h, y, temperature, scale, softcap,
+                _chunk_logp, head, h, y, temperature, scale, softcap, entropy,
                 use_reentrant=False, preserve_rng_state=False,
             )
         else:
-            lp = _chunk_logp(head, h, y, temperature, scale, softcap)
+            lp = _chunk_logp(head, h, y, temperature, scale, softcap, entropy)
         pieces.append(lp)
-    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    if not entropy:
+        return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    if not pieces:
+        return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32)
+    return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
 def naive_token_logprobs(
@@ -442,15 +513,18 @@ def naive_token_logprobs(
     *,
     temperature: float = RolloutConfig.temperature,
     chunk_size: int = 512,
-) -> torch.Tensor:
+    entropy: bool = False,
+):
     """Reference for `token_logprobs`: the full ``model(...).logits`` (N, L, V), upcast to fp32,
-    divided by the temperature, log-softmaxed and gathered. Same inputs, same output; `chunk_size`
-    is accepted for signature compatibility and ignored."""
+    divided by the temperature, log-softmaxed and gathered. Same inputs, same output (with
+    ``entropy``, the entropies too); `chunk_size` is accepted for signature compatibility and
+    ignored."""
     del chunk_size
     _check_inputs(input_ids, attention_mask, completion_len, temperature)
     length, t = input_ids.shape[1], completion_len
     if t == 0:
-        return torch.zeros(input_ids.shape[0], 0, dtype=torch.float32, device=input_ids.device)
+        out = torch.zeros(input_ids.shape[0], 0, dtype=torch.float32, device=input_ids.device)
+        return (out, out.clone()) if entropy else out
     position_ids = position_ids_from_mask(attention_mask)
     logits = model(
         input_ids=input_ids,
@@ -462,7 +536,10 @@ def naive_token_logprobs(
     logp = torch.log_softmax(logits, dim=-1)
     targets = input_ids[:, length - t :]  # (N, T)
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T)
-    return torch.where(attention_mask[:, length - t :].bool(), picked, 0.0)
+    valid = attention_mask[:, length - t :].bool()
+    if entropy:
+        return torch.where(valid, picked, 0.0), torch.where(valid, _softmax_entropy(logp), 0.0)
+    return torch.where(valid, picked, 0.0)
 
 
 class LogprobModule(torch.nn.Module):
@@ -489,10 +566,12 @@ class LogprobModule(torch.nn.Module):
         self.autocast_dtype = autocast_dtype
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
-                share: bool | None = None) -> torch.Tensor:
-        """(N, P+T) ids and mask → (N, T) float32 log-probs of the last `completion_len` tokens."""
+                share: bool | None = None, entropy: bool = False):
+        """(N, P+T) ids and mask → (N, T) float32 log-probs of the last `completion_len` tokens
+        (with `entropy`, and π's entropy at each of those positions)."""
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             return token_logprobs(self.policy, input_ids, attention_mask, completion_len,
                                   temperature=self.temperature, chunk_size=self.chunk_size,
-                                  share_prompt=self.share_prompt, decided=share, share_min_work=self.share_min_work)
+                                  share_prompt=self.share_prompt, decided=share, share_min_work=self.share_min_work,
+                                  entropy=entropy)

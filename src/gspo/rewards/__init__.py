@@ -14,7 +14,9 @@ rejected: return None instead of NaN.
 
 `gspo.rewards.runner.RewardRunner` calls the functions in long-lived worker processes with a
 deadline; `gspo.rewards.builtins` holds the built-in functions and `gspo.rewards.sandbox` the
-contained code execution of `code_tests`.
+contained code execution of `code_tests`. A name `model:PATH_OR_ID` (a sequence-classification
+reward model) or `judge:PATH_OR_ID` (a causal-LM judge) is a model loaded once, whose kwargs are
+its loading options (`gspo.rewards.models`; it runs in the learner's process).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 from gspo.config import module_in
 from gspo.rewards.errors import RewardConfigError, RewardError  # noqa: F401  (re-exported)
+from gspo.rewards.models import SCORER_PREFIXES, scorer_short_name
 from gspo.rewards.builtins import (  # noqa: F401  (re-exported)
     BUILTIN_REWARDS, DEFAULT_FORMAT_PATTERN, completion_text, exact_answer, format_reward,
     import_math_verify, make_format_reward, math_verify,
@@ -124,9 +127,15 @@ def _check_callable(fn: Any, what: str) -> Callable:
     return fn
 
 
-def resolve_reward(name: str | Callable) -> Callable:
+def resolve_reward(name: str | Callable, kwargs: dict | None = None) -> Callable:
     """A reward function from a built-in name (a key of BUILTIN_REWARDS), an import path
-    ('package.module:function' or 'package.module.function'), or a callable (checked, returned)."""
+    ('package.module:function' or 'package.module.function'), or a callable (checked, returned);
+    `model:PATH_OR_ID` / `judge:PATH_OR_ID` load a reward model or judge with the options in
+    `kwargs` (`gspo.rewards.models.load_scorer`)."""
+    if isinstance(name, str) and name.startswith(SCORER_PREFIXES):
+        from gspo.rewards.models import load_scorer
+
+        return load_scorer(name, kwargs)
     if callable(name):
         return _check_callable(name, f"reward {getattr(name, '__name__', name)!r}")
     if not isinstance(name, str) or not name:
@@ -153,6 +162,8 @@ class RewardSpec:
     name: str | Callable
     weight: float = 1.0
     kwargs: dict = dataclasses.field(default_factory=dict)
+    # a `model:` / `judge:` scorer, loaded on the first validate_specs: (name, kwargs) it was loaded with, scorer
+    _loaded: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def short_name(self) -> str:
@@ -161,6 +172,8 @@ class RewardSpec:
         if callable(self.name):
             fn = self.name.func if isinstance(self.name, functools.partial) else self.name
             return getattr(fn, "__name__", type(fn).__name__)
+        if self.name.startswith(SCORER_PREFIXES):  # a path's dots are not module separators
+            return scorer_short_name(self.name)
         return re.split(r"[.:]", self.name)[-1]
 
 
@@ -179,7 +192,7 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
             raise RewardConfigError(f"validate_specs: bad reward spec {s!r}: {e}") from e
         if not isinstance(s, RewardSpec):
             raise RewardConfigError(f"validate_specs: expected RewardSpec, str or dict, got {s!r}")
-        fn = resolve_reward(s.name)
+        fn = _resolve_spec(s)
         if isinstance(s.weight, bool) or not isinstance(s.weight, numbers.Real) or not math.isfinite(s.weight):
             raise RewardConfigError(f"reward {s.short_name!r}: weight must be a finite number, got {s.weight!r}")
         if not isinstance(s.kwargs, dict):
@@ -188,6 +201,19 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
         seen[key] = seen.get(key, 0) + 1
         out.append((key if seen[key] == 1 else f"{key}_{seen[key]}", fn, s))
     return out
+
+
+def _resolve_spec(s: RewardSpec) -> Callable:
+    """resolve_reward, except that a `model:` / `judge:` scorer is loaded once per spec: the
+    runner resolves the specs that start-up validation already resolved."""
+    if not (isinstance(s.name, str) and s.name.startswith(SCORER_PREFIXES)):
+        return resolve_reward(s.name)
+    if not isinstance(s.kwargs, dict):
+        raise RewardConfigError(f"reward {s.name!r}: kwargs must be a dict, got {s.kwargs!r}")
+    key = (s.name, repr(sorted(s.kwargs.items())))
+    if s._loaded is None or s._loaded[0] != key:
+        s._loaded = (key, resolve_reward(s.name, s.kwargs))
+    return s._loaded[1]
 
 
 def reward_columns(rows: Sequence[dict], repeat: int) -> dict[str, list]:

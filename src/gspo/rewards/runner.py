@@ -1,7 +1,8 @@
 """The reward runner: reward functions called in long-lived worker processes with a deadline,
 so that a hung or crashing function cannot stall or take down training, and signal-based
 timeouts inside a function (math-verify's) run on the worker's main thread where they work.
-The contract and name resolution are in `gspo.rewards`.
+The contract and name resolution are in `gspo.rewards`; reward models (`model:` / `judge:`)
+run in this process instead (`gspo.rewards.models`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from gspo.config import RewardsConfig
 from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
+from gspo.rewards.models import DeadlineExceeded, ModelScorer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,6 +70,8 @@ def _run_function(fn, kwargs, name, batch, stop_at_first: bool) -> tuple:
         return ("ok", _check_values(_call(fn, kwargs, prompts, completions, columns), n, name))
     except RewardError as e:
         return ("bad", str(e))
+    except DeadlineExceeded:
+        raise
     except BaseException:
         batch_tb = traceback.format_exc()
     values: list[float | None] = [None] * n
@@ -79,11 +83,27 @@ def _run_function(fn, kwargs, name, batch, stop_at_first: bool) -> tuple:
             values[i] = _check_values(one, 1, name)[0]
         except RewardError as e:
             return ("bad", str(e))
+        except DeadlineExceeded:
+            raise
         except BaseException:
             failures.append((i, traceback.format_exc()))
             if stop_at_first:
                 break
     return ("error", values, failures, batch_tb)
+
+
+def _run_scorer(scorer: ModelScorer, name: str, batch, stop_at_first: bool, deadline: float) -> tuple:
+    """A reward model, in this process: `_run_function`'s reply, or ('timeout', 'in-process')
+    when one of its micro-batches ends past `deadline` (the columns are not its input)."""
+    prompts, completions, _ = batch
+
+    def fn(p, c, **_):
+        return scorer.score(p, c, deadline=deadline)
+
+    try:
+        return _run_function(fn, {}, name, (prompts, completions, {}), stop_at_first)
+    except DeadlineExceeded:
+        return ("timeout", "in-process")
 
 
 def _worker_main(conn, functions, parent_pid: int) -> None:
@@ -176,6 +196,11 @@ class RewardRunner:
 
     Missing: a sample's weighted sum is NaN when any function with nonzero weight has no value
     for it (returned None, or failed under "skip"). Functions with weight 0 are logged only.
+
+    Reward models (`model:` / `judge:` names, `gspo.rewards.models`) run in this process on the
+    whole batch, under the same weights and on_error policy; their deadline is checked after
+    each micro-batch (a forward cannot be killed), and a call past it counts as timed out for
+    the whole batch. Workers start only when some function is not a reward model.
     """
 
     def __init__(self, specs: Sequence[RewardSpec | str | dict], *, timeout_s: float = RewardsConfig.timeout_s,
@@ -191,6 +216,11 @@ class RewardRunner:
         self.names = [key for key, _, _ in resolved]
         self.weights = [float(s.weight) for _, _, s in resolved]
         self._functions = [(fn, dict(s.kwargs), key) for key, fn, s in resolved]
+        self._in_process = [isinstance(fn, ModelScorer) for fn, _, _ in self._functions]
+        # a worker never calls a reward model: it gets a placeholder, not a copy of the weights
+        self._worker_functions = [(None, {}, key) if here else f for f, here in zip(self._functions, self._in_process)]
+        if all(self._in_process):
+            num_workers = 0
         self.timeout_s, self.on_error, self.num_workers = float(timeout_s), on_error, num_workers
         self._ctx = mp.get_context(start_method or _default_start_method())
         self._workers: list[Any] = [None] * num_workers  # (process, connection) pairs
@@ -204,7 +234,7 @@ class RewardRunner:
     def _start_worker(self, w: int) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=_worker_main, args=(child_conn, self._functions, os.getpid()),
+            target=_worker_main, args=(child_conn, self._worker_functions, os.getpid()),
             name=f"gspo-reward-{w}", daemon=True,
         )
         with warnings.catch_warnings():  # Python >= 3.12 warns about forking with threads
@@ -268,6 +298,8 @@ class RewardRunner:
         """Replies per chunk for function `index`; ('timeout',) or ('died', code) on failure."""
         fn, kwargs, name = self._functions[index]
         stop_at_first = self.on_error == "raise"
+        if self._in_process[index]:
+            return [_run_scorer(fn, name, batch, stop_at_first, time.monotonic() + self.timeout_s)]
         if self.num_workers == 0:
             return [_run_function(fn, kwargs, name, batch, stop_at_first)]
         # Replies carry the call's id, so a reply left over from an interrupted score() (e.g.
@@ -335,7 +367,7 @@ class RewardRunner:
             t_fn = time.perf_counter()
             replies = self._call_all(index, chunks, batch)
             values: list[float] = []
-            for (lo, hi), reply in zip(chunks, replies):
+            for (lo, hi), reply in zip([(0, n)] if self._in_process[index] else chunks, replies):
                 values += self._chunk_values(name, reply, lo, hi, batch, stats, errors)
             per_function[name] = values
             stats[f"reward/{name}/time_s"] = time.perf_counter() - t_fn
@@ -365,7 +397,8 @@ class RewardRunner:
         if kind in ("timeout", "died"):
             what = (f"timed out after {self.timeout_s:g}s" if kind == "timeout"
                     else f"killed its worker process (exit code {reply[1]})")
-            msg = f"reward function {name!r} {what} on samples {lo}..{hi - 1} (worker restarted)"
+            after = "stopped after a micro-batch" if reply[1:] == ("in-process",) else "worker restarted"
+            msg = f"reward function {name!r} {what} on samples {lo}..{hi - 1} ({after})"
             if self.on_error == "raise":
                 raise RewardError(msg)
             stats["reward/timeouts" if kind == "timeout" else "reward/errors"] += hi - lo

@@ -133,6 +133,62 @@ class Rollout:
         return out
 
 
+def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
+    """The rows of `parts` one after the other, as one Rollout of whole groups (e.g. groups kept
+    from several sampling rounds). Prompts are left-padded and completions right-padded to the
+    widest part: ids with `pad_id` (the sampler's pad id, so equal prompts stay equal), masks and
+    log-probs with 0, MoE routes with -1 (unknown). `group_ids` are renumbered 0..B-1 in order.
+    An optional field is kept when every part has it (`loss_mask`: when any part has one);
+    `episode_stats` are the parts' means weighted by their rows."""
+    parts = list(parts)
+    G = parts[0].group_size
+    if any(p.group_size != G or p.num_samples % G for p in parts):
+        raise ValueError(f"concat_rollouts: every part must hold whole groups of {G} rows")
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    T = max(p.completion_ids.shape[1] for p in parts)
+
+    def left(x: torch.Tensor, width: int, value) -> torch.Tensor:  # (n, w, ...) -> (n, width, ...)
+        pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), value)
+        return torch.cat([pad, x], dim=1)
+
+    def right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+        pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), value)
+        return torch.cat([x, pad], dim=1)
+
+    def every(name: str) -> bool:
+        return all(getattr(p, name) is not None for p in parts)
+
+    def rows(name: str) -> list:
+        return [x for p in parts for x in getattr(p, name)]
+
+    n = sum(p.num_samples for p in parts)
+    stats = None
+    if every("episode_stats"):
+        stats = {k: sum(p.episode_stats[k] * p.num_samples for p in parts) / max(n, 1) for k in parts[0].episode_stats}
+    routes = None
+    if every("routes"):  # [prompt | completion] columns
+        routes = torch.cat([
+            torch.cat([left(p.routes[:, : p.prompt_ids.shape[1]], P, -1) for p in parts]),
+            torch.cat([right(p.routes[:, p.prompt_ids.shape[1]:], T, -1) for p in parts])], dim=1)
+    device = parts[0].prompt_ids.device
+    return Rollout(
+        prompt_ids=torch.cat([left(p.prompt_ids, P, pad_id) for p in parts]),
+        prompt_mask=torch.cat([left(p.prompt_mask, P, 0) for p in parts]),
+        completion_ids=torch.cat([right(p.completion_ids, T, pad_id) for p in parts]),
+        completion_mask=torch.cat([right(p.completion_mask, T, 0) for p in parts]),
+        sampler_logp=torch.cat([right(p.sampler_logp, T, 0.0) for p in parts]),
+        finish_reason=rows("finish_reason"), group_size=G, prompts=rows("prompts"), completions=rows("completions"),
+        group_ids=torch.arange(n, device=device) // G,
+        policy_version=torch.cat([p.policy_version for p in parts]) if every("policy_version") else None,
+        routes=routes,
+        loss_mask=None if all(p.loss_mask is None for p in parts) else
+        torch.cat([right(p.model_mask, T, 0) for p in parts]),
+        turns=rows("turns") if every("turns") else None,
+        episode_stats=stats,
+        env_reward=rows("env_reward") if every("env_reward") else None,
+    )
+
+
 def chunk_seed(*keys: int) -> int:
     """A 63-bit seed from integer keys (run seed, rollout, row offset, ...), stable across
     processes and Python versions (unlike hash())."""

@@ -174,6 +174,17 @@ def wrap_for_training(module: torch.nn.Module, model, d: Dist, *, mixed_precisio
     return module
 
 
+def wrap_frozen(module: torch.nn.Module, model, d: Dist, *, mixed_precision: str = ModelConfig.mixed_precision
+                ) -> torch.nn.Module:
+    """A module that never trains (the KL reference): sharded like the trainer under FSDP2, so
+    that it holds 1/world of its weights per process; unchanged on one process and under DDP,
+    which has no gradient of it to reduce. Its forwards are collectives under FSDP2: every
+    process calls it as often as the trainer (the plan's micro-batches, placeholders too)."""
+    if not (d.enabled and d.strategy == "fsdp"):
+        return module
+    return wrap_for_training(module, model, d, mixed_precision=mixed_precision)
+
+
 def generator_copy(model, d: Dist):
     """FSDP2 shards the trainer's parameters, so the generator gets its own full copy
     (refreshed by `full_state_dict` after every update). None when the generator can share the

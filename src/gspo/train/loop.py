@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from gspo import algo
-from gspo.train import async_job, checkpoint
+from gspo.train import async_job, checkpoint, dynamic
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
 from gspo.config import Config
@@ -32,6 +32,7 @@ from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics, wri
 from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rewards.runner import RewardResult
 from gspo.rewards import reward_columns
+from gspo.rewards.shaping import length_limit, overlong_buffer, overlong_penalty
 from gspo.rollout import Rollout, chunk_seed
 from gspo.train.run import Run, build_run, play_episodes, push_weights
 from gspo.train.step_metrics import (add_micro_metrics, completion_rows, mismatch_metrics, mismatch_over_parts,
@@ -65,7 +66,7 @@ class ScoredRollout:
     rewards: RewardResult
     advantages: torch.Tensor  # (N,) on the run's device
     adv_stats: dict
-    times: dict  # time/generate, time/score
+    times: dict  # time/generate, time/score; dynamic/* with rollout.dynamic_sampling
 
 
 # ---------------------------------------------------------------- produce
@@ -75,35 +76,52 @@ def produce(run: Run, state: TrainerState) -> ScoredRollout:
     """Prompts -> B·G episodes -> rewards -> advantages. Each process samples whole groups of
     its own prompts; advantages never cross processes."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    t0 = time.perf_counter()
     if run.remote is not None:  # async mode: sampled ahead by a generator process
         batch, rollout, times = run.remote.take(state.rollout)
         rollout = rollout.to(run.device)
-    elif run.tools is not None:  # multi-turn: the model's turns and the tools' replies
-        batch = run.prompts.next_batch()
-        rollout = play_episodes(cfg, run.generator, run.tokenizer, run.tools, batch, seed=chunk_seed(cfg.seed, state.rollout),
-                                offset=run.dist.rank * len(batch) * G).to(run.device)
-    else:
-        batch = run.prompts.next_batch()                                        # B prompt rows
-        rollout = run.generator.generate(                                       # B·G episodes
-            [format_prompt(r["prompt"], run.tokenizer) for r in batch], G,
-            seed=chunk_seed(cfg.seed, state.rollout), offset=run.dist.rank * len(batch) * G).to(run.device)
-    if run.remote is None:
-        rollout.policy_version = torch.full((rollout.num_samples,), state.rollout, dtype=torch.long)
-        times = {"time/generate": time.perf_counter() - t0}
-    t1 = time.perf_counter()
-    rewards = score(run, batch, rollout)                                        # rewards
-    times["time/score"] = time.perf_counter() - t1
-    if run.remote is not None:
+        t1 = time.perf_counter()
+        rewards = score(run, batch, rollout)                                    # rewards
+        times["time/score"] = time.perf_counter() - t1
         stale = (state.rollout - rollout.policy_version).double()
         times.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max())})
+    elif cfg.rollout.dynamic_sampling:  # DAPO: rounds of prompts until B groups have signal
+        batch, rollout, rewards, times = dynamic.sample_with_signal(
+            lambda k: sample_and_score(run, state, k), need=run.prompts.batch_size, group_size=G,
+            max_rounds=cfg.rollout.dynamic_sampling_max_rounds,
+            adv_scale=cfg.algo.adv_scale, adv_eps=cfg.algo.adv_eps, all_reduce=run.dist.all_reduce,
+            pad_id=run.generator.pad_token_id)
+    else:
+        batch, rollout, rewards, times = sample_and_score(run, state)           # B rows, B·G episodes, rewards
     adv, adv_stats = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
     return ScoredRollout(batch, rollout, rewards, adv.to(run.device), adv_stats, times)
 
 
+def sample_and_score(run: Run, state: TrainerState, round_: int = 0):
+    """One round of sampling: the prompt stream's next B rows, their B·G episodes, and the
+    rewards; returns (batch, rollout, rewards, times). Sampled from `chunk_seed(seed, rollout)`,
+    or with dynamic sampling's later rounds `chunk_seed(seed, rollout, round_)`."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    seed = chunk_seed(cfg.seed, state.rollout) if round_ == 0 else chunk_seed(cfg.seed, state.rollout, round_)
+    t0 = time.perf_counter()
+    batch = run.prompts.next_batch()                                            # B prompt rows
+    if run.tools is not None:  # multi-turn: the model's turns and the tools' replies
+        rollout = play_episodes(cfg, run.generator, run.tokenizer, run.tools, batch, seed=seed,
+                                offset=run.dist.rank * len(batch) * G).to(run.device)
+    else:
+        rollout = run.generator.generate(                                       # B·G episodes
+            [format_prompt(r["prompt"], run.tokenizer) for r in batch], G,
+            seed=seed, offset=run.dist.rank * len(batch) * G).to(run.device)
+    rollout.policy_version = torch.full((rollout.num_samples,), state.rollout, dtype=torch.long)
+    t1 = time.perf_counter()
+    rewards = score(run, batch, rollout)                                        # rewards
+    return batch, rollout, rewards, {"time/generate": t1 - t0, "time/score": time.perf_counter() - t1}
+
+
 def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
-    """Weighted reward per completion (NaN where missing) and each function's own values; a
-    multi-turn episode is scored on its messages, and one that failed has no reward."""
+    """Weighted reward per completion (NaN where missing) and each function's own values, plus
+    DAPO's soft overlong penalty with `rewards.overlong_penalty` (its values under the name
+    `overlong_penalty`); a multi-turn episode is scored on its messages, and one that failed has
+    no reward."""
     G = rollout.group_size
     prompts = [row["prompt"] for row in batch for _ in range(G)]
     if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
@@ -116,6 +134,14 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
     if rollout.env_reward is not None:  # what the episodes' environments reported
         columns["env_reward"] = list(rollout.env_reward)
     result = run.rewards.score(prompts, completions, columns)
+    rw = run.cfg.rewards
+    if rw.overlong_penalty:  # on |y|, the tokens the model wrote; a missing reward stays missing (NaN + x)
+        limit = length_limit(run.cfg.rollout)
+        pen = overlong_penalty(rollout.model_lengths.cpu(), max_len=limit, coef=rw.overlong_penalty,
+                               buffer=overlong_buffer(rw.overlong_buffer, limit))  # (N,)
+        result.rewards += pen.to(result.rewards.dtype)
+        result.per_function["overlong_penalty"] = pen.tolist()
+        result.stats["reward/overlong_penalty/mean"] = pen.mean().item()
     if rollout.turns is not None:  # an episode that failed (its environment) has no reward
         failed = torch.tensor([f == "error" for f in rollout.finish_reason])
         result.rewards[failed] = 0.0 if run.cfg.rewards.on_error == "zero" else float("nan")
@@ -187,9 +213,27 @@ def live_rows(run: Run, adv: torch.Tensor) -> torch.Tensor | None:
     no other term); it still counts in the minibatch's size and token count, so the other rows'
     weights do not change. Not with Routing Replay, which needs π_old's routes of any row a
     process runs (under torchrun a process with no such row runs one at weight 0)."""
-    if not run.cfg.schedule.skip_zero_advantage or (run.routes is not None and run.cfg.algo.routing_replay):
+    a = run.cfg.algo
+    if not run.cfg.schedule.skip_zero_advantage or (run.routes is not None and a.routing_replay):
+        return None
+    if a.kl_coef > 0 or a.entropy_coef > 0:  # the KL and entropy terms give every row a gradient
         return None
     return (adv != 0).cpu()
+
+
+def loss_lengths(run: Run, rollout: Rollout) -> torch.Tensor | None:
+    """(N,) the tokens of each row that enter the loss, where they are not the completion's
+    length: only the model's own tokens of an episode, none of a completion cut by the length
+    limit under `algo.mask_truncated`. None: the completion lengths."""
+    if rollout.loss_mask is None and not run.cfg.algo.mask_truncated:
+        return None
+    lengths = rollout.model_lengths
+    return lengths * ~truncated_rows(rollout).to(lengths.device) if run.cfg.algo.mask_truncated else lengths
+
+
+def truncated_rows(rollout: Rollout) -> torch.Tensor:
+    """(N,) bool: the completions (or episodes) cut by the length limit."""
+    return torch.tensor([f == "length" for f in rollout.finish_reason], dtype=torch.bool)
 
 
 def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState) -> Plan:
@@ -205,7 +249,7 @@ def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState
                                                                run.cfg.model.share_prompt_min_work)
 
     return build_plan(minibatches(run, state.rollout, n), rollout.completion_lengths, live=live_rows(run, adv),
-                      loss_lengths=None if rollout.loss_mask is None else rollout.model_lengths,
+                      loss_lengths=loss_lengths(run, rollout),
                       micro_size=s.micro_batch_size, token_mean=run.cfg.algo.aggregation == "token-mean",
                       old_pass=run.old_logp == "trainer", old_forward_size=s.micro_batch_size or max(n // s.num_minibatches, 1),
                       gather=d.all_gather,  # under FSDP2 every decoder call gathers shards: agree on sharing
@@ -229,18 +273,29 @@ def length_cut_costs(run: Run, rollout: Rollout) -> dict | None:
                 group_of=rollout.group_ids.cpu() if shares else None)
 
 
-def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool | None):
+def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, share: bool | None,
+                     entropy: bool = False):
     """The rows `idx` of the rollout (trimmed) and their trainer log-probs (b, T_part), each
-    distinct prompt run once when the plan says `share` (None: the forward decides). On a MoE
-    model the routers' choices are recorded (`mode="capture"`, the π_old pass) or compared with
-    the recorded ones, and replayed when `algo.routing_replay` (`mode="compare"`)."""
+    distinct prompt run once when the plan says `share` (None: the forward decides); with
+    `entropy`, (log-probs, entropies). On a MoE model the routers' choices are recorded
+    (`mode="capture"`, the π_old pass) or compared with the recorded ones, and replayed when
+    `algo.routing_replay` (`mode="compare"`)."""
     part = rollout.select(idx)
     ids, mask, T = part.input_ids.to(run.device), part.attention_mask.to(run.device), part.completion_ids.shape[1]
     if run.routes is None:
-        return part, run.trainer(ids, mask, T, share)
+        return part, run.trainer(ids, mask, T, share, entropy)
     off = rollout.prompt_ids.shape[1] - part.prompt_ids.shape[1]  # columns trimmed on the left
     with run.routes.forward(mode, idx, off, mask, replay=mode == "compare" and run.cfg.algo.routing_replay):
-        return part, run.trainer(ids, mask, T, share)
+        return part, run.trainer(ids, mask, T, share, entropy)
+
+
+@torch.no_grad()
+def reference_logprobs(run: Run, part: Rollout, share: bool | None) -> torch.Tensor:
+    """π_ref's log-probs (b, T_part) of a micro-batch's rows: the frozen starting weights, or
+    with LoRA the base model with its adapters disabled (`gspo.train.run.build_reference`).
+    Outside any route recording: a MoE's tracked routes stay the trainer's."""
+    ids, mask = part.input_ids.to(run.device), part.attention_mask.to(run.device)
+    return run.reference(ids, mask, part.completion_ids.shape[1], share)
 
 
 @torch.no_grad()
@@ -274,12 +329,17 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     sampler's it measures the sampler/trainer gap."""
     cfg, a = run.cfg, run.cfg.algo
     fill, gap = first and run.old_logp == "trainer", first and run.old_logp == "sampler"
+    with_entropy = cfg.logging.entropy or a.entropy_coef > 0
+    max_len = cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
+    sapo = a.objective == "sapo"
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     corr: dict[str, float] = {}  # the mismatch correction's metrics
     loss_total, gaps = 0.0, []
     for micro in mb.micro:
-        part, logp = trainer_logprobs(run, rollout, micro.rows, "capture" if fill else "compare", micro.share)  # (b, T)
+        part, logp = trainer_logprobs(run, rollout, micro.rows, "capture" if fill else "compare", micro.share,
+                                      with_entropy)  # (b, T), or with entropy a pair
+        logp, entropy = logp if with_entropy else (logp, None)
         T = part.completion_ids.shape[1]
         if fill:
             old_logp[micro.rows, :T] = logp.detach().float()
@@ -291,11 +351,23 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
                 old_logp[micro.rows, :T], part.sampler_logp, part.model_mask, method=a.mismatch_correction,
                 level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
             _add_correction_metrics(corr, cm, micro.num_rows)
+        if a.mask_truncated:  # DAPO's overlong filtering: a completion cut by the length limit adds 0
+            mask = mask & ~truncated_rows(part).to(mask.device)[:, None]
         loss, m = algo.policy_loss(
-            logp, old_logp[micro.rows, :T], adv[micro.rows], mask, level=a.level,
+            logp, old_logp[micro.rows, :T], adv[micro.rows], mask, level=a.level, objective=a.objective,
             eps_low=a.eps_low, eps_high=a.eps_high, aggregation=a.aggregation, max_log_ratio=a.max_log_ratio,
-            max_len=cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None,
-            weights=weights)
+            max_len=max_len, weights=weights, tau_pos=a.sapo_tau_pos if sapo else None,
+            tau_neg=a.sapo_tau_neg if sapo else None)
+        if entropy is not None:  # pi_theta's entropy, from the same chunked head
+            bonus, m["entropy/mean"] = algo.entropy_bonus(entropy, mask, aggregation=a.aggregation, max_len=max_len)
+            if a.entropy_coef > 0:
+                loss = loss - a.entropy_coef * bonus
+        if run.reference is not None:  # KL(pi_theta || pi_ref), logged and, with kl_coef, in the loss
+            kl, m["kl/ref"] = algo.kl_penalty(logp, reference_logprobs(run, part, micro.share), mask,
+                                              estimator=a.kl_estimator, aggregation=a.aggregation,
+                                              max_log_ratio=a.max_log_ratio, max_len=max_len)
+            if a.kl_coef > 0:
+                loss = loss + a.kl_coef * kl
         if faults.nan_loss(state.step + 1):  # tests only
             loss = loss * float("nan")
         (loss * micro.weight).backward()

@@ -193,6 +193,7 @@ class Run:
     resume_from: Path | None = None   # the checkpoint to resume from
     remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
     tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
+    reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (build_reference)
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
 
@@ -374,11 +375,17 @@ def build_run(cfg: Config) -> Run:
     if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
-    trainer = LogprobModule(model, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
-                            autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
-                            share_min_work=cfg.model.share_prompt_min_work)
-    trainer = distributed.wrap_for_training(trainer, model, d, mixed_precision=cfg.model.mixed_precision,
+
+    def logprob_module(policy):
+        return LogprobModule(policy, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
+                             autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
+                             share_min_work=cfg.model.share_prompt_min_work)
+
+    frozen = reference_copy(cfg, model)  # the starting weights, before anything trains or shards them
+    trainer = distributed.wrap_for_training(logprob_module(model), model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
+    reference = build_reference(cfg, model, trainer, frozen and distributed.wrap_frozen(
+        logprob_module(frozen), frozen, d, mixed_precision=cfg.model.mixed_precision))
     if r.backend == "vllm" and not asynchronous:  # (async: the engines run on the generators)
         generator = _vllm_generator(cfg, generator_model, tok, d)
     else:
@@ -399,8 +406,42 @@ def build_run(cfg: Config) -> Run:
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
-               resume_from=resume_from, remote=remote,
+               resume_from=resume_from, remote=remote, reference=reference,
                tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
+
+
+def reference_copy(cfg: Config, model):
+    """A frozen copy of the starting weights for the KL reference (algo.kl_coef > 0 or
+    logging.kl_reference), made before the model trains; None without a KL, or with LoRA, whose
+    reference is the base model itself with its adapters disabled (no extra weight memory)."""
+    if not (cfg.algo.kl_coef > 0 or cfg.logging.kl_reference) or cfg.lora.enabled:
+        return None
+    import copy
+
+    frozen = copy.deepcopy(model)
+    frozen.requires_grad_(False)
+    return frozen
+
+
+class AdaptersOff:
+    """The KL reference of a LoRA run: the trainer's own forward with the adapters disabled
+    (peft's `disable_adapter`), i.e. the frozen base model, at no extra weight memory."""
+
+    def __init__(self, trainer, policy):
+        self.trainer, self.policy = trainer, policy
+
+    def __call__(self, input_ids, attention_mask, completion_len, share=None):
+        with self.policy.disable_adapter():
+            return self.trainer(input_ids, attention_mask, completion_len, share)
+
+
+def build_reference(cfg: Config, policy, trainer, frozen_module):
+    """pi_ref's forward, (ids, mask, T, share) -> (N, T) log-probs through the same chunked
+    log-prob path as the trainer's (never full-vocabulary logits): the frozen copy's module, or
+    with LoRA the adapters-off trainer. None without a KL to compute."""
+    if not (cfg.algo.kl_coef > 0 or cfg.logging.kl_reference):
+        return None
+    return AdaptersOff(trainer, policy) if cfg.lora.enabled else frozen_module
 
 
 @dataclass

@@ -59,7 +59,7 @@ def reduce_minibatch_metrics(d, sums: dict, loss: float, tokens: int, rows: int)
     per_row = [k for k in sums if k in algo.TOKEN_METRICS or k in algo.SEQUENCE_METRICS]
     metrics = d.reduce_metrics({**sums, "loss": loss, "tokens/minibatch": tokens, "rows/minibatch": rows},
                                sums=(*per_row, "tokens/minibatch", "rows/minibatch"))
-    for k in algo.ROW_METRICS:
+    for k in dict.fromkeys((*algo.ROW_METRICS, *per_row)):
         n = metrics["tokens/minibatch" if k in algo.TOKEN_METRICS else "rows/minibatch"]
         if k in per_row:
             metrics[k] = metrics[k] / n if n > 0 else math.nan
