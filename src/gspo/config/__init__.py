@@ -96,10 +96,13 @@ def anchor_import_path(name: str, config_dir: Path) -> str:
     absolute; 'module:fn' whose module is neither installed nor in the working directory but is
     a file or package beside the config file becomes that file's absolute path. Anything else
     (built-in names, installed modules, names that resolve nowhere) is returned unchanged, and
-    `gspo.rewards` reports it when it fails to import."""
+    `gspo.rewards` reports it when it fails to import. A reward model's 'model:PATH' or
+    'judge:PATH' has its PATH anchored as a data file's is (`anchor_file_path`)."""
     module, sep, attr = name.partition(":")
     if not sep or not module or not attr:
         return name
+    if module in ("model", "judge"):  # a reward model's folder (or hub id): a path like a data file's
+        return f"{module}:{anchor_file_path(attr, config_dir)}"
     if module.endswith(".py"):
         p = Path(module).expanduser()
         if p.is_absolute():

@@ -178,7 +178,8 @@ class RewardSpec:
 
 
 def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, Callable, RewardSpec]]:
-    """Resolve every spec now (call at start-up, before any model loads). A spec may also be a
+    """Resolve every spec now (call at start-up, before any model loads; a `model:` / `judge:`
+    RewardSpec loads its model here, once, and keeps it). A spec may also be a
     name or a dict of RewardSpec fields. Returns (unique key, function, spec) triples; a repeated
     short name gets a suffix: "format", "format_2", ..."""
     specs = [specs] if isinstance(specs, (str, dict, RewardSpec)) else specs

@@ -375,6 +375,9 @@ def _load_config_and_tokenizer(kind: str, path: str, o: dict, what: str):
     except Exception as e:
         raise RewardConfigError(f"{what}: cannot load a tokenizer from {path!r} (save one beside the model with "
                                 f"tokenizer.save_pretrained): {_one_line(e)}") from None
+    if len(tok) < 2 or not tok("a", add_special_tokens=False)["input_ids"]:  # transformers builds an empty one
+        raise RewardConfigError(f"{what}: no tokenizer at {path!r} (its vocabulary is empty); save one beside the "
+                                "model with tokenizer.save_pretrained")
     return source, config, tok
 
 
@@ -399,7 +402,8 @@ def _load_model(auto_class, source: str, config, o: dict, path: str, what: str):
 def _label(config, label: int | str | None, what: str) -> int:
     """The index of the logit that scores a completion."""
     n = int(config.num_labels)
-    names = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
+    names = dict(sorted(((str(k), int(v)) for k, v in (getattr(config, "label2id", None) or {}).items()),
+                        key=lambda kv: kv[1]))  # in logit order
     if isinstance(label, str):
         if label not in names:
             raise RewardConfigError(f"{what}: kwargs.label {label!r} is not one of the model's labels "

@@ -218,7 +218,7 @@ class RewardRunner:
         self._functions = [(fn, dict(s.kwargs), key) for key, fn, s in resolved]
         self._in_process = [isinstance(fn, ModelScorer) for fn, _, _ in self._functions]
         # a worker never calls a reward model: it gets a placeholder, not a copy of the weights
-        self._worker_functions = [(None, {}, key) if here else f for f, here in zip(self._functions, self._in_process)]
+        self._worker_functions = [(None, {}, f[2]) if here else f for f, here in zip(self._functions, self._in_process)]
         if all(self._in_process):
             num_workers = 0
         self.timeout_s, self.on_error, self.num_workers = float(timeout_s), on_error, num_workers

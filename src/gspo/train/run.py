@@ -93,6 +93,8 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
         kwargs = dict(f.kwargs)
         if f.name == "code_tests":
             kwargs.setdefault("allow_code_execution", cfg.rewards.allow_code_execution)
+        if f.name.startswith(("model:", "judge:")):  # a reward model sits beside the policy unless told otherwise
+            kwargs.setdefault("device", cfg.model.device)
         specs.append(RewardSpec(name=f.name, weight=f.weight, kwargs=kwargs))
     return specs
 
