@@ -1,4 +1,5 @@
-"""The training layer: the loop and one step (`loop`: `train`, `produce`, `learn`), building a
+"""The training layer: the loop and one step (`loop`: `train`, `learn`; `produce`, with `dynamic`
+for DAPO's dynamic sampling), building a
 run from its config (`run`), the per-rollout plan and its cross-process agreement (`plan`), the
 step's metrics (`step_metrics`), checkpoints (`checkpoint`, `state_io`), torchrun and FSDP2
 (`distributed`), held-out evaluation (`evaluate`) and fault injection for tests (`faults`).

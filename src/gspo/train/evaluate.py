@@ -120,7 +120,7 @@ def evaluate_episodes(run, rows: list[dict], generator) -> dict:
     prompt gives accuracy (the first reward function's full marks on the whole episode), mean
     reward, how often the model called a tool and its turns; with eval.pass_k, k episodes per
     prompt sampled by `generator` give pass@k. A failed episode counts as wrong."""
-    from gspo.train.loop import score  # (loop imports this module)
+    from gspo.train.produce import score  # the scoring rule of training episodes
     from gspo.train.run import hf_generator, play_episodes
 
     cfg = run.cfg

@@ -1,0 +1,116 @@
+"""The first half of a step: `produce(run, state) -> ScoredRollout`, prompts -> B·G episodes ->
+rewards -> group advantages (paper Eq. 6). Sampling is the generator's (or, in async mode, a
+generator process's), scoring the reward runner's; `gspo.train.dynamic` draws more rounds for
+DAPO's dynamic sampling. `learn` (`gspo.train.loop`) takes the ScoredRollout from here."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from gspo import algo
+from gspo.data import format_prompt
+from gspo.rewards import reward_columns
+from gspo.rewards.runner import RewardResult
+from gspo.rewards.shaping import length_limit, overlong_buffer, overlong_penalty
+from gspo.rollout import Rollout, chunk_seed
+from gspo.train import dynamic
+from gspo.train.run import Run, play_episodes
+
+if TYPE_CHECKING:
+    from gspo.train.loop import TrainerState
+
+
+@dataclass
+class ScoredRollout:
+    """What `produce` hands to `learn`: this process's B prompt rows, their B·G episodes, the
+    rewards, and the group advantages (paper Eq. 6)."""
+
+    batch: list[dict]
+    rollout: Rollout
+    rewards: RewardResult
+    advantages: torch.Tensor  # (N,) on the run's device
+    adv_stats: dict
+    times: dict  # time/generate, time/score; dynamic/* with rollout.dynamic_sampling
+
+
+# ---------------------------------------------------------------- produce
+
+
+def produce(run: Run, state: TrainerState) -> ScoredRollout:
+    """Prompts -> B·G episodes -> rewards -> advantages. Each process samples whole groups of
+    its own prompts; advantages never cross processes."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    if run.remote is not None:  # async mode: sampled ahead by a generator process
+        batch, rollout, times = run.remote.take(state.rollout)
+        rollout = rollout.to(run.device)
+        t1 = time.perf_counter()
+        rewards = score(run, batch, rollout)                                    # rewards
+        times["time/score"] = time.perf_counter() - t1
+        stale = (state.rollout - rollout.policy_version).double()
+        times.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max())})
+    elif cfg.rollout.dynamic_sampling:  # DAPO: rounds of prompts until B groups have signal
+        batch, rollout, rewards, times = dynamic.sample_with_signal(
+            lambda k: sample_and_score(run, state, k), need=run.prompts.batch_size, group_size=G,
+            max_rounds=cfg.rollout.dynamic_sampling_max_rounds,
+            adv_scale=cfg.algo.adv_scale, adv_eps=cfg.algo.adv_eps, all_reduce=run.dist.all_reduce,
+            pad_id=run.generator.pad_token_id)
+    else:
+        batch, rollout, rewards, times = sample_and_score(run, state)           # B rows, B·G episodes, rewards
+    adv, adv_stats = algo.group_advantages(rewards.rewards, G, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps)
+    return ScoredRollout(batch, rollout, rewards, adv.to(run.device), adv_stats, times)
+
+
+def sample_and_score(run: Run, state: TrainerState, round_: int = 0):
+    """One round of sampling: the prompt stream's next B rows, their B·G episodes, and the
+    rewards; returns (batch, rollout, rewards, times). Sampled from `chunk_seed(seed, rollout)`,
+    or with dynamic sampling's later rounds `chunk_seed(seed, rollout, round_)`."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    seed = chunk_seed(cfg.seed, state.rollout) if round_ == 0 else chunk_seed(cfg.seed, state.rollout, round_)
+    t0 = time.perf_counter()
+    batch = run.prompts.next_batch()                                            # B prompt rows
+    if run.tools is not None:  # multi-turn: the model's turns and the tools' replies
+        rollout = play_episodes(cfg, run.generator, run.tokenizer, run.tools, batch, seed=seed,
+                                offset=run.dist.rank * len(batch) * G).to(run.device)
+    else:
+        rollout = run.generator.generate(                                       # B·G episodes
+            [format_prompt(r["prompt"], run.tokenizer) for r in batch], G,
+            seed=seed, offset=run.dist.rank * len(batch) * G).to(run.device)
+    rollout.policy_version = torch.full((rollout.num_samples,), state.rollout, dtype=torch.long)
+    t1 = time.perf_counter()
+    rewards = score(run, batch, rollout)                                        # rewards
+    return batch, rollout, rewards, {"time/generate": t1 - t0, "time/score": time.perf_counter() - t1}
+
+
+def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
+    """Weighted reward per completion (NaN where missing) and each function's own values, plus
+    DAPO's soft overlong penalty with `rewards.overlong_penalty` (its values under the name
+    `overlong_penalty`); a multi-turn episode is scored on its messages, and one that failed has
+    no reward."""
+    G = rollout.group_size
+    prompts = [row["prompt"] for row in batch for _ in range(G)]
+    if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
+        completions = [list(t) for t in rollout.turns]
+    elif run.chat:  # TRL's conversational shape, so users' functions work unchanged
+        completions = [[{"role": "assistant", "content": c}] for c in rollout.completions]
+    else:
+        completions = list(rollout.completions)
+    columns = reward_columns(batch, G)
+    if rollout.env_reward is not None:  # what the episodes' environments reported
+        columns["env_reward"] = list(rollout.env_reward)
+    result = run.rewards.score(prompts, completions, columns)
+    rw = run.cfg.rewards
+    if rw.overlong_penalty:  # on |y|, the tokens the model wrote; a missing reward stays missing (NaN + x)
+        limit = length_limit(run.cfg.rollout)
+        pen = overlong_penalty(rollout.model_lengths.cpu(), max_len=limit, coef=rw.overlong_penalty,
+                               buffer=overlong_buffer(rw.overlong_buffer, limit))  # (N,)
+        result.rewards += pen.to(result.rewards.dtype)
+        result.per_function["overlong_penalty"] = pen.tolist()
+        result.stats["reward/overlong_penalty/mean"] = pen.mean().item()
+    if rollout.turns is not None:  # an episode that failed (its environment) has no reward
+        failed = torch.tensor([f == "error" for f in rollout.finish_reason])
+        result.rewards[failed] = 0.0 if run.cfg.rewards.on_error == "zero" else float("nan")
+    return result
