@@ -1,15 +1,17 @@
 """The objectives side by side: GSPO, GSPO-token, GRPO, SAPO, CISPO, GMPO and LUSPO on the demo
 task (dense) and on a tiny Qwen3-MoE, 3 seeds each, at equal compute.
 
-    python bench/objectives.py --json docs/figures/objectives.json         # ~40 min on 2 cores
+    python bench/objectives.py --json docs/figures/objectives.json         # ~30 min on 2 cores
     python bench/objectives.py --tasks demo --seeds 0 --objectives gspo sapo --rollouts 20   # a quick look
 
 Every run starts from the same warmed-up model per (task, seed) and gets the same rollouts,
 batch, learning rate and 4 minibatches per rollout; only `algo.*` differs, each objective with
 its paper's defaults (`gspo.config.PAPER_CLIP` / `OBJECTIVE_CLIP`):
     demo  `gspo demo seed=S` (hidden 128, 2 layers, 300 rollouts of 32 x 8, lr 1e-4)
-    moe   examples/moe_stability's model (8 experts, top-2, hidden 64, 2 layers), its warm-up,
-          `rollouts` rollouts of 16 x 8 at lr 3e-4
+    moe   examples/moe_stability's model (8 experts, top-2, hidden 64, 2 layers), warmed up by
+          --moe-warmup supervised steps (600), then 150 rollouts of 16 x 8 at --moe-lr (5e-5):
+          docs/moe.md's setting in which every algorithm learns (at lr 3e-4 after 300 warm-up
+          steps all of them degrade)
 Each run logs the KL to its starting weights (`logging.kl_reference=true`, not in the loss).
 Reported per cell (mean over seeds, and each seed's final accuracy): held-out greedy accuracy
 before and after, the objective's clip (or SAPO's gate) fraction clip/token_frac, SAPO's
@@ -43,7 +45,7 @@ OBJECTIVES = {
 COMMON = ["logging.console=false", "logging.kl_reference=true", "threads=1"]
 MOE = ["data.source=arithmetic", "data.difficulty=1", "data.num_prompts=4000", "rollout.prompts_per_step=16",
        "rollout.group_size=8", "rollout.max_new_tokens=6", "schedule.num_minibatches=4", "eval.num_prompts=200",
-       "eval.every=0", "tiny.moe=true", "tiny.hidden_size=64", "tiny.num_layers=2", "optim.lr=3e-4",
+       "eval.every=0", "tiny.moe=true", "tiny.hidden_size=64", "tiny.num_layers=2",
        "logging.completions_every=0", "logging.table_every=0"]
 
 
@@ -53,21 +55,22 @@ def _env() -> dict:
             "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
-def moe_warmup(out: Path, seed: int) -> Path:
+def moe_warmup(out: Path, seed: int, steps: int) -> Path:
     """examples/moe_stability's warm-up of the tiny MoE for this seed (made once, then reused)."""
-    warm = out / f"moe-warmup-seed{seed}"
+    warm = out / f"moe-warmup{steps}-seed{seed}"
     if not (warm / "config.json").exists():
         code = ("import sys; from gspo.config import load_config; from gspo.demo import warmup; "
                 "from gspo.train.run import build_policy, load_prompt_rows, seed_everything; "
                 f"cfg = load_config(None, {MOE + [f'seed={seed}']!r}); seed_everything(cfg.seed); "
                 "m, t = build_policy(cfg); rows, _ = load_prompt_rows(cfg); "
-                f"warmup(m, t, rows, steps=300, batch_size=64, lr=1e-3, seed={seed}); "
+                f"warmup(m, t, rows, steps={steps}, batch_size=64, lr=1e-3, seed={seed}); "
                 f"m.save_pretrained({str(warm)!r}); t.save_pretrained({str(warm)!r})")
         subprocess.run([sys.executable, "-c", code], env=_env(), check=True, capture_output=True)
     return warm
 
 
-def one_run(task: str, name: str, seed: int, out: Path, rollouts: int | None) -> dict:
+def one_run(task: str, name: str, seed: int, out: Path, rollouts: int | None, moe_lr: float = 5e-5,
+            moe_warmup_steps: int = 600) -> dict:
     run_dir = out / f"{task}-{name}-seed{seed}"
     over = [*OBJECTIVES[name], *COMMON, f"seed={seed}"]
     if task == "demo":
@@ -75,9 +78,9 @@ def one_run(task: str, name: str, seed: int, out: Path, rollouts: int | None) ->
             over.append(f"schedule.rollouts={rollouts}")
         cmd = [sys.executable, "-m", "gspo", "demo", "--out", str(run_dir), *over]
     else:
-        warm = moe_warmup(out, seed)
-        cmd = [sys.executable, "-m", "gspo", "train", *MOE, *over, f"model.name_or_path={warm}",
-               f"schedule.rollouts={rollouts or 100}", f"output.dir={out}", f"output.name={run_dir.name}"]
+        warm = moe_warmup(out, seed, moe_warmup_steps)
+        cmd = [sys.executable, "-m", "gspo", "train", *MOE, *over, f"model.name_or_path={warm}", f"optim.lr={moe_lr}",
+               f"schedule.rollouts={rollouts or 150}", f"output.dir={out}", f"output.name={run_dir.name}"]
     if run_dir.exists():
         import shutil
 
@@ -126,18 +129,20 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=["demo", "moe"], choices=["demo", "moe"])
     ap.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--rollouts", type=int, default=None, help="rollouts per run (demo: 300, moe: 100)")
+    ap.add_argument("--rollouts", type=int, default=None, help="rollouts per run (demo: 300, moe: 150)")
+    ap.add_argument("--moe-lr", type=float, default=5e-5)
+    ap.add_argument("--moe-warmup", type=int, default=600, help="supervised warm-up steps of the MoE")
     ap.add_argument("--out", type=Path, default=Path("runs/objectives"))
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     for seed in a.seeds if "moe" in a.tasks else []:
-        moe_warmup(a.out, seed)
+        moe_warmup(a.out, seed, a.moe_warmup)
     jobs = [(t, n, s) for t in a.tasks for s in a.seeds for n in a.objectives]  # objectives interleaved
     results = []
     with cf.ThreadPoolExecutor(a.parallel) as pool:
-        for r in pool.map(lambda j: one_run(*j, a.out, a.rollouts), jobs):
+        for r in pool.map(lambda j: one_run(*j, a.out, a.rollouts, a.moe_lr, a.moe_warmup), jobs):
             print(json.dumps(r), flush=True)
             results.append(r)
     print(table(results))
