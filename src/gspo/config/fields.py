@@ -113,8 +113,9 @@ class RolloutConfig:
                         "record, no LoRA dropout; else trainer)")
     decode: str = doc("gspo", "hf backend's decode loop: gspo (own KV-cache loop, finished rows leave the batch) | "
                       "generate (transformers' generate, for architectures that need its preparation)")
-    mixed_precision: str = doc("no", "hf backend: no | bf16 (sample under bf16 autocast over the fp32 weights, fp32 "
-                               "log-softmax; its log-probs are then not the trainer's, so old_logp=auto recomputes pi_old)")
+    mixed_precision: str = doc("no", "hf backend: no | bf16 | fp16 (sample under bf16 / float16 autocast over the fp32 "
+                               "weights, fp32 log-softmax; its log-probs are then not the trainer's, so old_logp=auto "
+                               "recomputes pi_old)")
     mode: str = doc("sync", "sync (generate, then learn, in turn) | async (generator processes sample the next rollouts "
                     "while the learner trains; docs/async.md)")
     generators: int = doc(1, "rollout.mode=async: generator processes (started by gspo on one machine; under torchrun "

@@ -47,11 +47,12 @@ def validate(cfg: Config) -> None:
     _check(m.mixed_precision in ("no", "bf16"), "model.mixed_precision", f"'{m.mixed_precision}' is not no | bf16")
     _check(not (m.mixed_precision == "bf16" and m.dtype != "float32"), "model.mixed_precision",
            f"bf16 mixed precision keeps fp32 master weights: set model.dtype=float32 (got {m.dtype})")
-    _check(r.mixed_precision in ("no", "bf16"), "rollout.mixed_precision", f"'{r.mixed_precision}' is not no | bf16")
-    _check(not (r.mixed_precision == "bf16" and r.backend == "vllm"), "rollout.mixed_precision",
+    _check(r.mixed_precision in ("no", "bf16", "fp16"), "rollout.mixed_precision",
+           f"'{r.mixed_precision}' is not no | bf16 | fp16")
+    _check(not (r.mixed_precision != "no" and r.backend == "vllm"), "rollout.mixed_precision",
            "applies to the hf backend; the vllm engine's precision is vllm.dtype")
-    _check(not (r.mixed_precision == "bf16" and m.dtype != "float32"), "rollout.mixed_precision",
-           f"bf16 autocast runs over fp32 weights: set model.dtype=float32 (got {m.dtype})")
+    _check(not (r.mixed_precision != "no" and m.dtype != "float32"), "rollout.mixed_precision",
+           f"{r.mixed_precision} autocast runs over fp32 weights: set model.dtype=float32 (got {m.dtype})")
     _check(m.share_prompt_min_work >= 0, "model.share_prompt_min_work", "must be >= 0")
     lc = cfg.lora
     _check(lc.r >= 1, "lora.r", "must be >= 1")

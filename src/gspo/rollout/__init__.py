@@ -427,6 +427,7 @@ class HFGenerator:
     - ``autocast_dtype=torch.bfloat16`` samples under ``torch.autocast`` over the fp32
       weights (each weight cast once per chunk; the log-softmax stays fp32, on bf16 logits):
       faster where bf16 matmuls are (AMX, GPUs), and no longer the trainer's own numbers.
+      ``torch.float16`` does the same in fp16 (finer mantissa, narrower range than bf16).
     """
 
     def __init__(

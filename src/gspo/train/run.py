@@ -236,8 +236,9 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
     would compute (the hf backend samples from the trainer's own fp32 weights in the trainer's
     mode, `gspo.models.set_trainer_mode`, so the two agree to float rounding, ~1e-6; the
     mismatch monitor logs the gap every rollout) and the pass would be pure waste; the trainer
-    pass when they are not (vLLM, bf16, dropout in the trainer's passes) or when the pass has
-    work of its own (recording MoE routes for routing/changed_frac and Routing Replay)."""
+    pass when they are not (vLLM, a bf16 / fp16 sampler or learner, dropout in the trainer's
+    passes) or when the pass has work of its own (recording MoE routes for routing/changed_frac
+    and Routing Replay)."""
     r = cfg.rollout
     if r.old_logp != "auto":
         return r.old_logp
@@ -290,7 +291,7 @@ def hf_generator(cfg: Config, model, tok, *, greedy: bool = False) -> HFGenerato
                        top_k=1 if greedy else r.top_k,
                        max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
                        engine="hf" if r.decode == "generate" else "gspo",
-                       autocast_dtype=torch.bfloat16 if r.mixed_precision == "bf16" else None)
+                       autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(r.mixed_precision))
 
 
 def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = None):
