@@ -62,6 +62,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(_friendly(e)) from None
+    for section in (cfg.model, cfg.rollout):  # YAML reads a bare `no` as false: the setting means "no"
+        if section.mixed_precision == "False":
+            section.mixed_precision = "no"
     if path is not None:
         here = Path(path).resolve().parent
         for f in cfg.rewards.functions:
