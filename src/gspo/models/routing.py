@@ -163,6 +163,19 @@ class RouteTracker:
         return (rows[:, None].expand(b, length).reshape(-1)[flat_mask],
                 cols[None, :].expand(b, length).reshape(-1)[flat_mask], flat_mask)
 
+    def _last_tokens(self, r_idx: torch.Tensor, c_idx: torch.Tensor) -> torch.Tensor:
+        """(m,) bool: which of these tokens (rollout coordinates) is its row's last real token in
+        the current forward. A forward never runs the last column (it predicts nothing), so
+        the π_old pass records no route for the last token of a row that was the longest of its
+        forward, while another forward, where the row is shorter than the widest, runs it. Its
+        hidden state is read by no later position, so no log-prob depends on its route: replay
+        leaves it its own choice, as for the sampler's routes (`use_sampler_routes`)."""
+        rows, off, mask, _ = self._whole
+        last = off + mask.shape[1] - 1 - mask.flip(1).int().argmax(1)  # (b,) each row's last real column
+        lookup = torch.full((self.routes.shape[0],), -1, dtype=torch.long, device=last.device)
+        lookup[rows.to(last.device)] = last.long()
+        return c_idx.to(last.device) == lookup[r_idx.to(last.device)]
+
     def _hook_for(self, layer: int):
         def hook(module, args, output):
             if self._mode is None or self.routes is None:
@@ -194,10 +207,10 @@ class RouteTracker:
             old = old_t if fan is None else self.routes[r_idx, c_idx, layer].long()  # the tokens run
             unknown = (old < 0).any(-1)
             if unknown.any():
-                if not self.partial:
+                if not self.partial and (unknown & ~self._last_tokens(r_idx, c_idx)).any():
                     raise RuntimeError("Routing Replay: a token has no recorded π_old route "
                                        "(replay needs the trainer's π_old pass over the same rollout)")
-                old = torch.where(unknown[:, None], idx[flat_mask].long(), old)  # (see `use_sampler_routes`)
+                old = torch.where(unknown[:, None], idx[flat_mask].long(), old)  # (see `_last_tokens`)
             if layer not in self._checked:  # the gate-weight rule must reproduce this router
                 mine = _replay_scores(module, logits, idx, scores)
                 if not torch.allclose(mine.float(), scores.float(), atol=1e-3, rtol=1e-3):
