@@ -9,11 +9,7 @@ gspo.train.evaluate) the exact-match accuracy.
 
 from __future__ import annotations
 
-
-def _text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    return str(completion[-1].get("content", ""))  # a message list: the last turn
+from gspo.rewards import completion_text
 
 
 def digit_credit(prompts, completions, answer=None, **kwargs) -> list[float | None]:
@@ -28,7 +24,7 @@ def digit_credit(prompts, completions, answer=None, **kwargs) -> list[float | No
         if gold is None:
             out.append(None)
             continue
-        gold, text = str(gold).strip(), _text(completion).strip()
+        gold, text = str(gold).strip(), completion_text(completion).strip()
         if text == gold:
             out.append(1.0)
             continue
