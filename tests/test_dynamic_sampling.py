@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +20,7 @@ from gspo.rewards.runner import RewardResult
 from gspo.rewards.shaping import length_limit, overlong_buffer, overlong_penalty
 from gspo.rollout import Rollout, concat_rollouts
 from gspo.train import dynamic, score
+from simulated_ranks import SimulatedRanks
 from test_resume import assert_same_run, gspo_train
 
 nan = math.nan
@@ -198,31 +198,15 @@ def test_processes_agree_on_the_rounds():
     n, need = 2, 2
     scripts = [[[0, 1, 0, 1]] * 4,                                      # rank 0: 2 of 2 at once
                [[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 0, 1], [0, 1, 0, 1]]]  # rank 1: 0, 1, then 2 of 2
-    slots, calls, out, errors = [None] * n, [0] * n, [None] * n, []
-    barrier = threading.Barrier(n, timeout=10)
+    ranks = SimulatedRanks(n)
 
     def one(r):
         def all_reduce(values, op="sum"):
-            calls[r] += 1
-            slots[r] = list(values)
-            barrier.wait()
-            cols = list(zip(*slots))
-            res = [max(c) if op == "max" else sum(c) for c in cols]
-            barrier.wait()
-            return res
-        try:
-            rounds = []
-            out[r] = _sample(_draw(scripts[r], 2, rounds), need, all_reduce=all_reduce), rounds
-        except BaseException as e:
-            errors.append(e)
-            barrier.abort()
+            return [max(c) if op == "max" else sum(c) for c in zip(*ranks.exchange(r, list(values)))]
+        rounds = []
+        return _sample(_draw(scripts[r], 2, rounds), need, all_reduce=all_reduce), rounds
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    out, calls = ranks.run(one), ranks.calls
     assert calls[0] == calls[1] == 4  # a "short anywhere?" check after each round, one sum of the metrics
     for r in range(n):
         (batch, ro, _, times), rounds = out[r]

@@ -3,10 +3,9 @@ simulated processes without starting any (build_plan is a pure function of their
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
+from simulated_ranks import SimulatedRanks
 
 from gspo.train.plan import LengthCuts, bucket_costs, build_plan
 
@@ -14,33 +13,9 @@ from gspo.train.plan import LengthCuts, bucket_costs, build_plan
 def _plans(per_rank: list[dict], **common) -> list:
     """build_plan on every simulated process, each in a thread, its all-gathers answered as
     Dist.all_gather would: every process's vector, once all have sent one."""
-    n = len(per_rank)
-    slots: list = [None] * n
-    barrier = threading.Barrier(n, timeout=10)
-    plans: list = [None] * n
-    errors: list = []
-
-    def one(r):
-        def gather(v):
-            slots[r] = v
-            barrier.wait()
-            every = torch.stack(list(slots))
-            barrier.wait()  # everyone has read before the next gather overwrites
-            return every
-        try:
-            plans[r] = build_plan(**per_rank[r], **common, gather=gather)
-        except BaseException as e:  # surface it in the test, and free the others
-            errors.append(e)
-            barrier.abort()
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return plans
+    ranks = SimulatedRanks(len(per_rank))
+    return ranks.run(lambda r: build_plan(**per_rank[r], **common,
+                                          gather=lambda v: torch.stack(ranks.exchange(r, v))))
 
 
 def _rank(lengths, live=None, minibatches=((0, 1, 2, 3), (4, 5, 6, 7))):
