@@ -21,7 +21,7 @@ from gspo.config.fields import (  # noqa: F401  (the names users import from gsp
     EvalConfig, LoggingConfig, LoraConfig, ModelConfig, OptimConfig, OutputConfig, RewardFunctionConfig,
     RewardsConfig, RolloutConfig, ScheduleConfig, TinyConfig, VllmConfig, doc,
 )
-from gspo.config.rules import fill_clip, validate, validate_world, vllm_logprobs_mode  # noqa: F401
+from gspo.config.rules import fill_clip, objective_args, validate, validate_world, vllm_logprobs_mode  # noqa: F401
 
 
 # ---------------------------------------------------------------- loading

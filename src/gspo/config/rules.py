@@ -110,7 +110,6 @@ def validate(cfg: Config) -> None:
     a = cfg.algo
     _check(a.adv_scale in ("group", "none"), "algo.adv_scale", f"'{a.adv_scale}' is not group | none")
     _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
-    max_len = r.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
     _check(a.objective in algo.OBJECTIVES, "algo.objective", f"'{a.objective}' is not {' | '.join(algo.OBJECTIVES)}")
     _check(a.level in algo.OBJECTIVE_LEVELS[a.objective], "algo.level",
            f"objective={a.objective} is defined at level={algo.OBJECTIVE_LEVELS[a.objective][0]} (its paper's ratio), "
@@ -121,10 +120,7 @@ def validate(cfg: Config) -> None:
                    "range; its temperatures are algo.sapo_tau_pos / sapo_tau_neg): leave it unset")
     try:
         fill_clip(cfg)
-        sapo = a.objective == "sapo"
-        lo, hi, a.aggregation = algo.validate_algo(
-            a.level, a.eps_low, a.eps_high, a.aggregation, max_len, max_log_ratio=a.max_log_ratio,
-            objective=a.objective, tau_pos=a.sapo_tau_pos if sapo else None, tau_neg=a.sapo_tau_neg if sapo else None)
+        lo, hi, a.aggregation = algo.validate_algo(**objective_args(cfg))
     except ValueError as e:
         raise ConfigError(f"config field 'algo': {e}") from None
     _check(lo is None or a.objective in ("cispo", "gmpo") or lo <= hi, "algo.eps_low",
@@ -233,6 +229,18 @@ def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
         f"rollout.temperature=1 (got {temperature}): vLLM returns either raw log-probs (T = 1) or "
         f"log-probs renormalised over the filtered tokens, never log_softmax(logits / T) unfiltered, "
         f"which π_old must be. Set rollout.top_p=1 and rollout.top_k=0, or rollout.temperature=1")
+
+
+def objective_args(cfg: Config) -> dict:
+    """The policy objective's settings as `gspo.algo.policy_loss` / `validate_algo` take them:
+    the sapo temperatures only for SAPO, `max_len` (the generation budget) only for Dr. GRPO's
+    fixed denominator."""
+    a = cfg.algo
+    sapo = a.objective == "sapo"
+    return dict(level=a.level, objective=a.objective, eps_low=a.eps_low, eps_high=a.eps_high,
+                aggregation=a.aggregation, max_log_ratio=a.max_log_ratio,
+                max_len=cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None,
+                tau_pos=a.sapo_tau_pos if sapo else None, tau_neg=a.sapo_tau_neg if sapo else None)
 
 
 def fill_clip(cfg: Config) -> None:

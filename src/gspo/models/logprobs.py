@@ -226,6 +226,18 @@ def _transform(logits, scale, softcap):
     return logits
 
 
+def _shifted_logits(logits: torch.Tensor, factor: float) -> torch.Tensor:
+    """factor · logits − max, in fp32, as a tensor the caller owns (written in place where the
+    fp32 copy or the scaled one is already new): (n, V) -> (n, V) <= 0."""
+    z = logits.float()  # (a copy for bf16 logits)
+    owned = z is not logits
+    if factor != 1.0:
+        z = z.mul_(factor) if owned else z * factor
+        owned = True
+    top = z.amax(dim=-1, keepdim=True)  # (n, 1)
+    return z.sub_(top) if owned else z - top
+
+
 class _PickedLogSoftmax(torch.autograd.Function):
     """log_softmax(factor · logits)[targets], (n, V), (n,) -> (n,) float32, with the backward
     written out: d/dz = g · (onehot(target) − softmax(z)).
@@ -239,14 +251,9 @@ class _PickedLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, factor: float):
-        z = logits.float()  # (a copy for bf16 logits, which this function then owns)
-        owned = z is not logits
-        if factor != 1.0:
-            z = z.mul_(factor) if owned else z * factor
-            owned = True
-        top = z.amax(dim=-1, keepdim=True)  # (n, 1)
-        picked = z.gather(-1, targets.unsqueeze(-1)) - top  # (n, 1)
-        e = (z.sub_(top) if owned else z - top).exp_()  # (n, V) in (0, 1]
+        zs = _shifted_logits(logits, factor)  # (n, V) <= 0, this function's own
+        picked = zs.gather(-1, targets.unsqueeze(-1))  # (n, 1)
+        e = zs.exp_()  # (n, V) in (0, 1]
         total = e.sum(dim=-1, keepdim=True)  # (n, 1) >= 1
         ctx.save_for_backward(e, total, targets)
         ctx.factor, ctx.dtype, ctx.spent = factor, logits.dtype, False
@@ -276,12 +283,7 @@ class _PickedLogSoftmaxEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, factor: float):
-        z = logits.float()
-        owned = z is not logits
-        if factor != 1.0:
-            z = z.mul_(factor) if owned else z * factor
-            owned = True
-        zs = z.sub_(z.amax(dim=-1, keepdim=True)) if owned else z - z.amax(dim=-1, keepdim=True)  # (n, V) <= 0
+        zs = _shifted_logits(logits, factor)  # (n, V) <= 0
         picked = zs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
         e = zs.exp()  # (n, V) in (0, 1]
         total = e.sum(dim=-1)  # (n,) >= 1

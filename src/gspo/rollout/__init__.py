@@ -83,6 +83,10 @@ class Rollout:
     def model_lengths(self) -> torch.Tensor:  # (N,) long: |y|, the tokens the model wrote
         return self.model_mask.sum(dim=1)
 
+    @property
+    def truncated(self) -> torch.Tensor:  # (N,) bool on the CPU: cut by the length limit (finish reason "length")
+        return torch.tensor([f == "length" for f in self.finish_reason], dtype=torch.bool)
+
     def _take(self, rows, p_start: int, t_end: int) -> "Rollout":
         rows_t = torch.as_tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
         idx = rows_t.tolist()

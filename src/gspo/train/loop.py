@@ -25,7 +25,7 @@ from gspo import algo
 from gspo.train import async_job, checkpoint
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
-from gspo.config import Config
+from gspo.config import Config, objective_args
 from gspo.models.logprobs import can_share_prompt, share_min_saved
 from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
@@ -134,12 +134,7 @@ def loss_lengths(run: Run, rollout: Rollout) -> torch.Tensor | None:
     if rollout.loss_mask is None and not run.cfg.algo.mask_truncated:
         return None
     lengths = rollout.model_lengths
-    return lengths * ~truncated_rows(rollout).to(lengths.device) if run.cfg.algo.mask_truncated else lengths
-
-
-def truncated_rows(rollout: Rollout) -> torch.Tensor:
-    """(N,) bool: the completions (or episodes) cut by the length limit."""
-    return torch.tensor([f == "length" for f in rollout.finish_reason], dtype=torch.bool)
+    return lengths * ~rollout.truncated.to(lengths.device) if run.cfg.algo.mask_truncated else lengths
 
 
 def make_plan(run: Run, rollout: Rollout, adv: torch.Tensor, state: TrainerState) -> Plan:
@@ -198,7 +193,7 @@ def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, s
 @torch.no_grad()
 def reference_logprobs(run: Run, part: Rollout, share: bool | None) -> torch.Tensor:
     """π_ref's log-probs (b, T_part) of a micro-batch's rows: the frozen starting weights, or
-    with LoRA the base model with its adapters disabled (`gspo.train.run.build_reference`).
+    with LoRA the base model with its adapters disabled (`gspo.train.run.AdaptersOff`).
     Outside any route recording: a MoE's tracked routes stay the trainer's."""
     ids, mask = part.input_ids.to(run.device), part.attention_mask.to(run.device)
     return run.reference(ids, mask, part.completion_ids.shape[1], share)
@@ -236,8 +231,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     cfg, a = run.cfg, run.cfg.algo
     fill, gap = first and run.old_logp == "trainer", first and run.old_logp == "sampler"
     with_entropy = cfg.logging.entropy or a.entropy_coef > 0
-    max_len = cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None
-    sapo = a.objective == "sapo"
+    objective = objective_args(cfg)
+    max_len = objective["max_len"]
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     corr: dict[str, float] = {}  # the mismatch correction's metrics
@@ -258,12 +253,9 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
                 level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
             _add_correction_metrics(corr, cm, micro.num_rows)
         if a.mask_truncated:  # DAPO's overlong filtering: a completion cut by the length limit adds 0
-            mask = mask & ~truncated_rows(part).to(mask.device)[:, None]
-        loss, m = algo.policy_loss(
-            logp, old_logp[micro.rows, :T], adv[micro.rows], mask, level=a.level, objective=a.objective,
-            eps_low=a.eps_low, eps_high=a.eps_high, aggregation=a.aggregation, max_log_ratio=a.max_log_ratio,
-            max_len=max_len, weights=weights, tau_pos=a.sapo_tau_pos if sapo else None,
-            tau_neg=a.sapo_tau_neg if sapo else None)
+            mask = mask & ~part.truncated.to(mask.device)[:, None]
+        loss, m = algo.policy_loss(logp, old_logp[micro.rows, :T], adv[micro.rows], mask, weights=weights,
+                                   **objective)
         if entropy is not None:  # pi_theta's entropy, from the same chunked head
             bonus, m["entropy/mean"] = algo.entropy_bonus(entropy, mask, aggregation=a.aggregation, max_len=max_len)
             if a.entropy_coef > 0:

@@ -195,7 +195,7 @@ class Run:
     resume_from: Path | None = None   # the checkpoint to resume from
     remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
     tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
-    reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (build_reference)
+    reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (needs_reference)
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
 
@@ -384,11 +384,14 @@ def build_run(cfg: Config) -> Run:
                              autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
                              share_min_work=cfg.model.share_prompt_min_work)
 
-    frozen = reference_copy(cfg, model)  # the starting weights, before anything trains or shards them
+    frozen = frozen_copy(model) if needs_reference(cfg) and not cfg.lora.enabled else None  # before sharding
     trainer = distributed.wrap_for_training(logprob_module(model), model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
-    reference = build_reference(cfg, model, trainer, frozen and distributed.wrap_frozen(
-        logprob_module(frozen), frozen, d, mixed_precision=cfg.model.mixed_precision))
+    reference = None  # pi_ref's forward, through the trainer's own chunked log-prob path
+    if frozen is not None:
+        reference = distributed.wrap_frozen(logprob_module(frozen), frozen, d, mixed_precision=cfg.model.mixed_precision)
+    elif needs_reference(cfg):  # LoRA: the base model is the trainer with its adapters off
+        reference = AdaptersOff(trainer, model)
     if r.backend == "vllm" and not asynchronous:  # (async: the engines run on the generators)
         generator = _vllm_generator(cfg, generator_model, tok, d)
     else:
@@ -413,12 +416,15 @@ def build_run(cfg: Config) -> Run:
                tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
 
 
-def reference_copy(cfg: Config, model):
-    """A frozen copy of the starting weights for the KL reference (algo.kl_coef > 0 or
-    logging.kl_reference), made before the model trains; None without a KL, or with LoRA, whose
-    reference is the base model itself with its adapters disabled (no extra weight memory)."""
-    if not (cfg.algo.kl_coef > 0 or cfg.logging.kl_reference) or cfg.lora.enabled:
-        return None
+def needs_reference(cfg: Config) -> bool:
+    """A KL reference runs with a KL penalty (algo.kl_coef > 0) or when the KL is logged alone
+    (logging.kl_reference)."""
+    return cfg.algo.kl_coef > 0 or cfg.logging.kl_reference
+
+
+def frozen_copy(model):
+    """The KL reference's weights: a frozen copy of the starting model, made before it trains.
+    (With LoRA there is none: the base model itself is the reference, `AdaptersOff`.)"""
     import copy
 
     frozen = copy.deepcopy(model)
@@ -436,15 +442,6 @@ class AdaptersOff:
     def __call__(self, input_ids, attention_mask, completion_len, share=None):
         with self.policy.disable_adapter():
             return self.trainer(input_ids, attention_mask, completion_len, share)
-
-
-def build_reference(cfg: Config, policy, trainer, frozen_module):
-    """pi_ref's forward, (ids, mask, T, share) -> (N, T) log-probs through the same chunked
-    log-prob path as the trainer's (never full-vocabulary logits): the frozen copy's module, or
-    with LoRA the adapters-off trainer. None without a KL to compute."""
-    if not (cfg.algo.kl_coef > 0 or cfg.logging.kl_reference):
-        return None
-    return AdaptersOff(trainer, policy) if cfg.lora.enabled else frozen_module
 
 
 @dataclass

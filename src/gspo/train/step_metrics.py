@@ -73,7 +73,7 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
     r = d.all_gather(rewards.rewards.float().cpu())
     valid = r[~torch.isnan(r)]
     lengths = d.all_gather(rollout.model_lengths.float().cpu())  # |y|: the tokens the model wrote
-    truncated = torch.tensor([f == "length" for f in rollout.finish_reason], dtype=torch.float32)
+    truncated = rollout.truncated.float()
     local = dict(rewards.stats)
     local.update(adv_stats)
     local["completion/truncated_frac"] = truncated.mean().item()
