@@ -277,19 +277,26 @@ class _PickedLogSoftmaxEntropy(torch.autograd.Function):
     from the same pass: (n, V), (n,) -> (n,), (n,) float32, H = log Σ e^z' − Σ e^z' z' / Σ e^z'
     (z' = z − max). The backward is written out too:
         d log p_y / dz = onehot(y) − p,     dH / dz = −p ⊙ (log p + H),
-    so an entropy bonus needs no second pass over the vocabulary either. One more (n, V)
-    temporary than `_PickedLogSoftmax` in the forward (the shifted logits and their exponentials
-    both live for the dot product); the same saved tensors."""
+    so an entropy bonus needs no second pass over the vocabulary either. The exponentials
+    overwrite the shifted logits a block of rows at a time (the dot product Σ e^z' z' needs
+    both), so the forward holds one (n, V) tensor, as `_PickedLogSoftmax` does, plus a block of
+    at most 4 MiB; the same saved tensors."""
 
     @staticmethod
     def forward(ctx, logits, targets, factor: float):
         zs = _shifted_logits(logits, factor)  # (n, V) <= 0
         picked = zs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
-        e = zs.exp()  # (n, V) in (0, 1]
+        ez = torch.empty(zs.shape[0], dtype=zs.dtype, device=zs.device)  # (n,) Σ e^z' z'
+        rows = max(1, (1 << 20) // max(zs.shape[1], 1))
+        for start in range(0, zs.shape[0], rows):
+            block = zs[start : start + rows]
+            e_block = block.exp()
+            ez[start : start + rows] = torch.linalg.vecdot(e_block, block)
+            block.copy_(e_block)
+        e = zs  # (n, V) in (0, 1], now the exponentials
         total = e.sum(dim=-1)  # (n,) >= 1
         log_total = total.log()
-        entropy = log_total - torch.linalg.vecdot(e, zs) / total  # (n,)
-        del zs
+        entropy = log_total - ez / total  # (n,)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(e, total, targets, entropy)
         ctx.factor, ctx.dtype, ctx.spent = factor, logits.dtype, False
