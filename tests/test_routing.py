@@ -226,6 +226,32 @@ def test_sampler_as_pi_old_logs_mismatch_of_zero_for_the_same_model(tmp_path):
         assert rec["mismatch/token_abs_max"] < 1e-5 and abs(rec["mismatch/kl"]) < 1e-8
 
 
+@pytest.mark.parametrize("extra", [[], ["algo.level=token", "algo.routing_replay=true"]])
+def test_sync_moe_takes_pi_old_and_routes_from_the_sampler(tmp_path, extra):
+    """rollout.old_logp=auto on a MoE: gspo's decode loop records the routes as it samples (R3),
+    so there is no pi_old pass, and the run trains what the trainer's pass trains: the sampler's
+    log-probs and routes are the trainer's numbers (fp32, the same weights)."""
+    from gspo.train.run import build_run
+
+    runs = {}
+    for old in ("auto", "trainer"):
+        cfg = load_config(None, [*TINY, *extra, f"rollout.old_logp={old}", f"output.dir={tmp_path}/{old}"])
+        run = build_run(cfg)
+        assert run.old_logp == ("sampler" if old == "auto" else "trainer")
+        assert (run.generator.routes is not None) == (old == "auto")
+        runs[old] = _metrics(train(cfg, run=run))
+    auto, trainer = runs["auto"], runs["trainer"]
+    assert len(auto) == len(trainer) == 4
+    for a, t in zip(auto, trainer):
+        assert a["loss"] == pytest.approx(t["loss"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(t["grad_norm"], rel=1e-4)
+        if t["routing/changed_frac"] is not None:  # (null: no row of the minibatch had signal)
+            # the same up to each row's last token, which R3 leaves out (the sampler never ran it)
+            assert a["routing/changed_frac"] == pytest.approx(t["routing/changed_frac"], rel=0.03)
+    assert auto[1]["routing/changed_frac"] > 0
+    assert auto[0]["time/old_logp"] < trainer[0]["time/old_logp"]
+
+
 def test_tiny_moe_shape_from_the_config(tmp_path):
     from gspo.train.run import build_policy
 
@@ -237,8 +263,8 @@ def test_tiny_moe_shape_from_the_config(tmp_path):
 
 
 def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
-    with pytest.raises(ConfigError, match="algo.routing_replay"):
-        load_config(None, [*TINY, "algo.routing_replay=true", "rollout.old_logp=sampler"])
+    with pytest.raises(ConfigError, match="algo.routing_replay"):  # generate records no routes
+        load_config(None, [*TINY, "algo.routing_replay=true", "rollout.old_logp=sampler", "rollout.decode=generate"])
     dense = [x for x in TINY if "moe" not in x]
     with pytest.raises(ConfigError, match="no MoE routers"):
         train(load_config(None, [*dense, "algo.routing_replay=true", f"output.dir={tmp_path}"]))

@@ -315,14 +315,17 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
 
 @pytest.mark.parametrize("extra,has_routers,want", [
     ([], False, "sampler"),                                   # hf, fp32: the sampler's numbers are the trainer's
-    ([], True, "trainer"),                                    # MoE: the pass records routes
+    ([], True, "sampler"),                                    # MoE: gspo's decode loop records the routes (R3)
+    (["rollout.decode=generate"], True, "trainer"),           # ... transformers' generate cannot: the pass does
+    (["rollout.decode=generate"], False, "sampler"),
     (["model.mixed_precision=bf16"], False, "trainer"),
     (["model.dtype=bfloat16"], False, "trainer"),
     (["lora.enabled=true"], False, "sampler"),                # dropout off: the sampler's numbers still
     (["model.dropout=true"], False, "trainer"),               # dropout in the trainer's passes
     (["lora.enabled=true", "lora.dropout=0.1", "model.dropout=true"], False, "trainer"),
     (["rollout.backend=vllm"], False, "trainer"),
-    (["algo.routing_replay=true"], False, "trainer"),
+    (["algo.routing_replay=true"], False, "sampler"),          # the sampler's routes are replayed
+    (["algo.routing_replay=true", "rollout.decode=generate"], False, "trainer"),
     (["rollout.old_logp=trainer"], False, "trainer"),
     (["rollout.old_logp=sampler"], True, "sampler"),
 ])

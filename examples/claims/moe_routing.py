@@ -94,6 +94,7 @@ def base_overrides(a) -> list[str]:
             f"rewards.functions=[{{name: '{REWARD}:digit_credit'}}]",
             "tiny.moe=true", f"tiny.hidden_size={a.hidden}", f"tiny.num_layers={a.layers}",
             f"tiny.num_experts={a.experts}", f"tiny.experts_per_tok={a.top_k}",
+            f"algo.router_aux_loss_coef={a.aux_coef}",
             "logging.routing_per_layer=true", "logging.console=false", "logging.completions_every=0",
             "logging.table_every=0", "threads=1"]
 
@@ -170,12 +171,13 @@ def summarize(recs: list[dict], status: str) -> dict:
             "steps": len(steps)}
 
 
-def one_run(a, algo: str, lr: float, seed: int, warm: Path) -> dict:
-    name = f"{algo}-lr{lr:g}-seed{seed}"
+def one_run(a, algo: str, lr: float, router_lr: float, seed: int, warm: Path) -> dict:
+    name = f"{algo}-lr{lr:g}-router{router_lr:g}-seed{seed}"
     run_dir = Path(a.out) / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "gspo", "train", *base_overrides(a), *ALGOS[algo], f"optim.lr={lr}",
+           f"optim.router_lr_scale={router_lr}",
            f"schedule.rollouts={a.rollouts}", f"model.name_or_path={warm}", f"seed={seed}",
            f"output.dir={Path(a.out).resolve()}", f"output.name={name}"]
     t0 = time.time()
@@ -191,7 +193,8 @@ def one_run(a, algo: str, lr: float, seed: int, warm: Path) -> dict:
         from gspo.report.sinks import read_metrics
 
         recs = read_metrics(run_dir / "metrics.jsonl")
-    return {"algo": algo, "lr": lr, "seed": seed, "run": name, "seconds": round(time.time() - t0, 1),
+    return {"algo": algo, "lr": lr, "router_lr_scale": router_lr, "seed": seed, "run": name,
+            "seconds": round(time.time() - t0, 1),
             **summarize(recs, status)}
 
 
@@ -215,12 +218,31 @@ HEADER = ("seeds | accuracy start → end (mean) | end, per seed | collapsed | e
 RULE = "---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
+def _is_main(a, r: dict) -> bool:
+    return r["lr"] == a.lr and r["router_lr_scale"] == a.router_lr_scale
+
+
+def _sweep(title: str, key: str, label: str, runs: list[dict], algos) -> list[str]:
+    values = sorted({r[key] for r in runs})
+    if len(values) < 2:
+        return []
+    lines = ["", title, "", f"| {label} | algorithm | " + HEADER, "|---:|---|" + RULE]
+    for v in values:
+        for algo in algos:
+            rs = [r for r in runs if r[key] == v and r["algo"] == algo]
+            if rs:
+                lines.append(f"| {v:g} | {algo} | " + _cells(rs))
+    return lines
+
+
 def tables(a, results: list[dict]) -> str:
-    main = [r for r in results if r["lr"] == a.lr]
+    main = [r for r in results if _is_main(a, r)]
     n_layers = max((len(r["routing_layers"]) for r in main), default=0)
     model = (f"Tiny Qwen3-MoE: {a.layers} layers, {a.experts} experts, top-{a.top_k}, hidden {a.hidden}; "
              f"{a.warmup_steps} supervised warm-up steps per seed (routers {'frozen' if a.freeze_router else 'trained'}), "
-             f"router weights x {a.router_scale:g} after it; {a.rollouts} rollouts of {a.prompts} prompts x 8, "
+             f"router weights x {a.router_scale:g} after it; RL at lr {a.lr:g} with the routers' lr x "
+             f"{a.router_lr_scale:g} (optim.router_lr_scale), load-balancing loss x {a.aux_coef:g} "
+             f"(algo.router_aux_loss_coef); {a.rollouts} rollouts of {a.prompts} prompts x 8, "
              f"{MINIBATCHES} minibatches; reward digit_credit; held-out greedy accuracy on {a.eval_prompts} prompts.")
     collapse = (f"**Collapsed** (defined before the runs): {COLLAPSE}. **Errors**: runs that crashed (the "
                 "library's fault, not the algorithm's); left out of every other column.")
@@ -228,8 +250,8 @@ def tables(a, results: list[dict]) -> str:
                "update\": step 2 only. kl/approx (k3 per token) stands in for the spread of the token log-ratios, "
                "of which the library logs no variance. Token clip fraction over all steps (SAPO: tokens whose "
                "gate keeps under half the gradient). Gradient norm before clipping to 1.")
-    lines = [f"# MoE routing: GSPO, GRPO and GRPO + Routing Replay at lr {a.lr:g}", "", model, "", collapse, "",
-             columns, "", "| algorithm | " + HEADER, "|---|" + RULE]
+    lines = [f"# MoE routing: GSPO, GRPO and GRPO + Routing Replay at lr {a.lr:g}, router lr x {a.router_lr_scale:g}",
+             "", model, "", collapse, "", columns, "", "| algorithm | " + HEADER, "|---|" + RULE]
     for algo in a.algos:
         rs = [r for r in main if r["algo"] == algo]
         if rs:
@@ -243,15 +265,12 @@ def tables(a, results: list[dict]) -> str:
             if rs:
                 lines.append(f"| {algo} | " + " | ".join(_f(_mean(r["routing_layers"][i] for r in rs), 4)
                                                        for i in range(n_layers)) + " |")
-    lrs = sorted({r["lr"] for r in results})
-    if len(lrs) > 1:
-        lines += ["", "Learning-rate sweep, GSPO against GRPO without replay (same seeds and budget):", "",
-                  "| lr | algorithm | " + HEADER, "|---:|---|" + RULE]
-        for lr in lrs:
-            for algo in SWEEP_ALGOS:
-                rs = [r for r in results if r["lr"] == lr and r["algo"] == algo]
-                if rs:
-                    lines.append(f"| {lr:g} | {algo} | " + _cells(rs))
+    lines += _sweep("Router learning-rate sweep (the rest at the main lr; same seeds and budget): the routing "
+                    "change rises with it", "router_lr_scale", "router lr x",
+                    [r for r in results if r["lr"] == a.lr], SWEEP_ALGOS)
+    lines += _sweep("Learning-rate sweep of the whole model, GSPO against GRPO without replay (same seeds and "
+                    "budget):", "lr", "lr", [r for r in results if r["router_lr_scale"] == a.router_lr_scale],
+                    SWEEP_ALGOS)
     return "\n".join(lines) + "\n"
 
 
@@ -263,8 +282,13 @@ def parse_args(argv=None):
     p.add_argument("--rollouts", type=int, default=60)
     p.add_argument("--prompts", type=int, default=16, help="prompts per rollout (8 completions each)")
     p.add_argument("--lr", type=float, default=1e-4, help="the main cells' learning rate")
+    p.add_argument("--router-lr-scale", type=float, default=1.0,
+                   help="the main cells' router learning rate over --lr (optim.router_lr_scale)")
+    p.add_argument("--aux-coef", type=float, default=0.0, help="load-balancing loss weight (algo.router_aux_loss_coef)")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=[3e-5, 3e-4],
                    help="further lrs for GSPO and GRPO without replay (the main lr is part of the sweep)")
+    p.add_argument("--sweep-router-lr", type=float, nargs="*", default=[],
+                   help="further router lr scales for GSPO and GRPO without replay, at the main lr")
     p.add_argument("--warmup-steps", type=int, default=600, help="supervised warm-up steps per seed")
     p.add_argument("--freeze-router", type=int, default=1, choices=(0, 1),
                    help="1: the routers keep their random initialisation through the warm-up")
@@ -280,7 +304,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="1 seed, gspo and grpo, 3 rollouts, no sweep")
     a = p.parse_args(argv)
     if a.quick:
-        a.seeds, a.rollouts, a.algos, a.sweep_lr = 1, 3, ["gspo", "grpo"], []
+        a.seeds, a.rollouts, a.algos, a.sweep_lr, a.sweep_router_lr = 1, 3, ["gspo", "grpo"], [], []
         a.warmup_steps, a.prompts, a.eval_prompts, a.eval_every = 5, 4, 8, 0
         a.layers, a.experts, a.top_k = 2, 8, 2
     return a
@@ -295,11 +319,13 @@ def main(argv=None) -> list[dict]:
     with cf.ThreadPoolExecutor(a.parallel) as pool:
         warms = dict(zip(seeds, pool.map(lambda s: warm_up(a, s), seeds)))
         # interleaved: within each seed the algorithms alternate, then the sweep's other lrs
-        jobs = [(algo, a.lr, s) for s in seeds for algo in a.algos]
-        jobs += [(algo, lr, s) for s in seeds for lr in a.sweep_lr if lr != a.lr
+        jobs = [(algo, a.lr, a.router_lr_scale, s) for s in seeds for algo in a.algos]
+        jobs += [(algo, a.lr, rls, s) for s in seeds for rls in a.sweep_router_lr if rls != a.router_lr_scale
+                 for algo in SWEEP_ALGOS]
+        jobs += [(algo, lr, a.router_lr_scale, s) for s in seeds for lr in a.sweep_lr if lr != a.lr
                  for algo in SWEEP_ALGOS]
         results = []
-        for r in pool.map(lambda j: one_run(a, *j, warms[j[2]]), jobs):
+        for r in pool.map(lambda j: one_run(a, *j, warms[j[3]]), jobs):
             print(json.dumps({k: v for k, v in r.items() if k != "acc_curve"}), flush=True)
             results.append(r)
     text = tables(a, results)
@@ -309,7 +335,7 @@ def main(argv=None) -> list[dict]:
          "args": vars(a), "collapse": COLLAPSE, "seconds": round(time.time() - t0, 1), "results": results}, indent=1))
     from gspo.report.html import make_report
 
-    main_runs = [out / r["run"] for r in results if r["lr"] == a.lr and (out / r["run"] / "metrics.jsonl").exists()]
+    main_runs = [out / r["run"] for r in results if _is_main(a, r) and (out / r["run"] / "metrics.jsonl").exists()]
     if main_runs:
         make_report(main_runs, out / "report")
     print(text)

@@ -341,7 +341,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 # metrics that are means over completion tokens (the rest of `_metrics` are over sequences,
 # or a min / max): combined across micro-batches and processes weighted by token counts
 TOKEN_METRICS = ("clip/token_frac", "clip/token_frac_low", "clip/token_frac_high", "kl/approx",
-                 "gate/weight_mean", "entropy/mean", "kl/ref")
+                 "gate/weight_mean", "entropy/mean", "kl/ref", "routing/aux_loss")
 # ... and the means over sequences, weighted by sequence counts
 SEQUENCE_METRICS = ("clip/seq_frac", "ratio/seq_mean", "completion/len_mean")
 # every metric of policy_loss but the loss itself (and the objectives' own, gate/weight_mean)

@@ -205,6 +205,9 @@ class AlgoConfig:
     adv_scale: str = doc("group", "advantage scaling: group (divide by group std, Eq. 6) | none (mean only, Dr. GRPO)")
     adv_eps: float = doc(1e-6, "added to the group std")
     routing_replay: bool = doc(False, "MoE: reuse pi_old's experts in the update pass (for the GRPO baseline)")
+    router_aux_loss_coef: float = doc(0.0, "MoE: weight of the load-balancing loss (Switch Transformer's, as "
+                                      "transformers' router_aux_loss_coef; 0 = none, the RL default of TRL and verl) "
+                                      "on the update pass's real tokens; logged as routing/aux_loss")
     mismatch_correction: str = doc("auto", "train/inference mismatch correction with weight w = pi_old / pi_sampler "
                                    "(needs rollout.old_logp=trainer): none | tis (truncate w at mismatch_cap) | mis "
                                    "(drop what has w outside [mismatch_floor, mismatch_cap]; IcePop at token level) | "
@@ -224,6 +227,8 @@ class OptimConfig:
     beta2: float = doc(0.999, "AdamW beta2")
     adam_eps: float = doc(1e-8, "AdamW epsilon")
     max_grad_norm: float = doc(1.0, "clip the global gradient norm to this (0 = off)")
+    router_lr_scale: float = doc(1.0, "MoE: the routers' learning rate is optim.lr times this (the router weights "
+                                 "of every *TopKRouter module; 1 = the same lr as the rest)")
 
 
 @dataclass

@@ -105,6 +105,8 @@ def validate(cfg: Config) -> None:
     _check(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
     _check(cfg.optim.lr > 0, "optim.lr", "must be > 0")
     _check(cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0")
+    _check(cfg.optim.router_lr_scale > 0 and math.isfinite(cfg.optim.router_lr_scale), "optim.router_lr_scale",
+           "must be a finite number > 0")
     _check(d.num_prompts >= 1, "data.num_prompts", "must be >= 1")
     _check(d.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
     a = cfg.algo
@@ -130,11 +132,12 @@ def validate(cfg: Config) -> None:
     _check(a.kl_estimator in algo.KL_ESTIMATORS, "algo.kl_estimator",
            f"'{a.kl_estimator}' is not {' | '.join(algo.KL_ESTIMATORS)}")
     _check(a.entropy_coef >= 0 and math.isfinite(a.entropy_coef), "algo.entropy_coef", "must be a finite number >= 0")
-    sampler_records_routes = r.mode == "async" and r.decode == "gspo" and r.backend == "hf"
-    _check(not (a.routing_replay and r.old_logp == "sampler") or sampler_records_routes, "algo.routing_replay",
-           "replays the experts of the trainer's pi_old pass: needs rollout.old_logp=trainer (or async mode with "
-           "rollout.backend=hf and rollout.decode=gspo, whose decode loop records the sampler's routes; vLLM and "
-           "transformers' generate cannot)")
+    _check(a.router_aux_loss_coef >= 0 and math.isfinite(a.router_aux_loss_coef), "algo.router_aux_loss_coef",
+           "must be a finite number >= 0")
+    _check(not (a.routing_replay and r.old_logp == "sampler") or records_routes(cfg), "algo.routing_replay",
+           "replays pi_old's experts: with rollout.old_logp=sampler they are the sampler's, which only gspo's own "
+           "decode loop records (rollout.backend=hf, rollout.decode=gspo; vLLM and transformers' generate cannot): "
+           "use one, or rollout.old_logp=trainer")
     try:
         method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
         algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
@@ -229,6 +232,12 @@ def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
         f"rollout.temperature=1 (got {temperature}): vLLM returns either raw log-probs (T = 1) or "
         f"log-probs renormalised over the filtered tokens, never log_softmax(logits / T) unfiltered, "
         f"which π_old must be. Set rollout.top_p=1 and rollout.top_k=0, or rollout.temperature=1")
+
+
+def records_routes(cfg: Config) -> bool:
+    """Can the sampler record a MoE's routes as it samples (R3)? gspo's decode loop can; HF's
+    generate and vLLM cannot."""
+    return cfg.rollout.backend == "hf" and cfg.rollout.decode == "gspo"
 
 
 def objective_args(cfg: Config) -> dict:

@@ -20,6 +20,11 @@ transformers' `*TopKRouter` contract (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and ~
   gate weights of those experts are recomputed from π_θ's router logits (softmax, then the
   router's own top-k renormalisation), so gradients still reach the router. The rule is checked
   against each router's own output on its first call.
+- `take_aux` (``algo.router_aux_loss_coef``): the load-balancing loss of the Switch Transformer
+  (Fedus et al. 2021) in transformers' top-k form, E · Σ_e f_e · P_e over every layer's real
+  tokens of the update pass, where f_e is the number of times expert e is among a token's
+  natural top-k, per token, and P_e the mean router probability of e (k when the load is
+  uniform). A prompt run once for its group counts once per row, as in the unshared forward.
 
 Memory: the recorded routes are int16 (int32 for > 32k experts) of shape (N, P+T, layers, k)
 on the model's device, e.g. 256 sequences × 1,024 tokens × 48 layers × 8 = 200 MB.
@@ -64,6 +69,8 @@ class RouteTracker:
         self._changed = torch.zeros(len(self.routers), dtype=torch.float64)
         self._total = torch.zeros(len(self.routers), dtype=torch.float64)
         self._checked: set[int] = set()
+        self.aux = False  # accumulate the load-balancing loss's sums in forwards with autograd on
+        self._aux_sums: list = []  # per router call: (Σ w·probs (E,), Σ w·onehot (k, E), Σ w)
         self.partial = False  # routes with unknown tokens that replay may leave alone (the sampler's)
         self._handles = [r.register_forward_hook(self._hook_for(i)) for i, r in enumerate(self.routers)]
 
@@ -153,6 +160,28 @@ class RouteTracker:
         self._total.zero_()
         return out
 
+    def take_aux(self) -> torch.Tensor | None:
+        """The load-balancing loss over the router calls since the last call (a 0-dim tensor with
+        the routers' gradient; None when none ran, e.g. a placeholder forward)."""
+        sums, self._aux_sums = self._aux_sums, []
+        if not sums:
+            return None
+        p, f, w = (sum(s[i] for s in sums) for i in range(3))  # Σ w·probs (E,), Σ w·picks (E,), Σ w
+        return p.shape[-1] * (f * p).sum() / (w * w)
+
+    def _add_aux(self, logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, fan) -> None:
+        """One router call's share of `take_aux`: its real tokens, weighted by how many rows
+        each stands for (a prompt run once for its group: every row of the group)."""
+        b = mask.shape[0]
+        w = mask.to(torch.float32)
+        if fan is not None:
+            w = w * torch.bincount(fan[1].to(mask.device), minlength=b).to(w)[:, None]
+        w = w.reshape(-1)  # (n,)
+        probs = torch.softmax(logits.float(), dim=-1)  # (n, E)
+        picks = torch.zeros(probs.shape[-1], dtype=w.dtype, device=w.device)
+        picks.scatter_add_(0, idx.reshape(-1).long(), w.repeat_interleave(idx.shape[-1]))
+        self._aux_sums.append(((w[:, None] * probs).sum(0), picks, w.sum()))
+
     # ------------------------------------------------------------------ the hook
 
     def _coords(self, rows, off, mask):
@@ -178,12 +207,16 @@ class RouteTracker:
 
     def _hook_for(self, layer: int):
         def hook(module, args, output):
-            if self._mode is None or self.routes is None:
+            if self._mode is None:
                 return None
             logits, scores, idx = output
             rows, off, mask, fan = self._slot
             b, length = mask.shape
             if idx.shape[0] != b * length:  # not this slot's forward (e.g. a one-off probe): leave it
+                return None
+            if self.aux and torch.is_grad_enabled():
+                self._add_aux(logits, idx, mask, fan)
+            if self.routes is None:  # (no π_old routes to record or compare: the load balancing only)
                 return None
             r_idx, c_idx, flat_mask = self._coords(rows, off, mask)
             # the tokens the routes stand for: those run, or, for a prompt run once for its

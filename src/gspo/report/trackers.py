@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from gspo.config import TRACKER_NAMES, Config, ConfigError, to_yaml
+from gspo.config import Config, ConfigError, to_yaml
 from gspo.report.sinks import jsonable, read_metrics
 
 

@@ -122,7 +122,7 @@ def live_rows(run: Run, adv: torch.Tensor) -> torch.Tensor | None:
     a = run.cfg.algo
     if not run.cfg.schedule.skip_zero_advantage or (run.routes is not None and a.routing_replay):
         return None
-    if a.kl_coef > 0 or a.entropy_coef > 0:  # the KL and entropy terms give every row a gradient
+    if a.kl_coef > 0 or a.entropy_coef > 0 or a.router_aux_loss_coef > 0:  # terms that give every row a gradient
         return None
     return (adv != 0).cpu()
 
@@ -180,10 +180,11 @@ def trainer_logprobs(run: Run, rollout: Rollout, idx: torch.Tensor, mode: str, s
     distinct prompt run once when the plan says `share` (None: the forward decides); with
     `entropy`, (log-probs, entropies). On a MoE model the routers' choices are recorded
     (`mode="capture"`, the π_old pass) or compared with the recorded ones, and replayed when
-    `algo.routing_replay` (`mode="compare"`)."""
+    `algo.routing_replay` (`mode="compare"`); `mode=None`: neither (a placeholder, whose routes
+    would count in the metrics)."""
     part = rollout.select(idx)
     ids, mask, T = part.input_ids.to(run.device), part.attention_mask.to(run.device), part.completion_ids.shape[1]
-    if run.routes is None:
+    if run.routes is None or mode is None:
         return part, run.trainer(ids, mask, T, share, entropy)
     off = rollout.prompt_ids.shape[1] - part.prompt_ids.shape[1]  # columns trimmed on the left
     with run.routes.forward(mode, idx, off, mask, replay=mode == "compare" and run.cfg.algo.routing_replay):
@@ -238,8 +239,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     corr: dict[str, float] = {}  # the mismatch correction's metrics
     loss_total, gaps = 0.0, []
     for micro in mb.micro:
-        part, logp = trainer_logprobs(run, rollout, micro.rows, "capture" if fill else "compare", micro.share,
-                                      with_entropy)  # (b, T), or with entropy a pair
+        mode = None if micro.placeholder else "capture" if fill else "compare"
+        part, logp = trainer_logprobs(run, rollout, micro.rows, mode, micro.share, with_entropy)  # (b, T) or a pair
         logp, entropy = logp if with_entropy else (logp, None)
         T = part.completion_ids.shape[1]
         if fill:
@@ -266,6 +267,11 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
                                               max_log_ratio=a.max_log_ratio, max_len=max_len)
             if a.kl_coef > 0:
                 loss = loss + a.kl_coef * kl
+        if a.router_aux_loss_coef > 0:  # MoE load balancing, over the tokens this forward routed
+            aux = run.routes.take_aux()
+            if aux is not None:
+                loss = loss + a.router_aux_loss_coef * aux
+                m["routing/aux_loss"] = aux.item()
         if faults.nan_loss(state.step + 1):  # tests only
             loss = loss * float("nan")
         (loss * micro.weight).backward()

@@ -21,6 +21,7 @@ import torch
 from gspo.train import checkpoint as ckpt
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
+from gspo.config.rules import records_routes
 from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
 from gspo.train.distributed import Dist
 from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
@@ -238,22 +239,18 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
     mismatch monitor logs the gap every rollout) and the pass would be pure waste; the trainer
     pass when they are not (vLLM, a bf16 / fp16 sampler or learner, dropout in the trainer's
     passes) or when the pass has work of its own (recording MoE routes for routing/changed_frac
-    and Routing Replay)."""
+    and Routing Replay) that the sampler cannot do: a MoE's routes are recorded by gspo's own
+    decode loop as it samples (R3, `records_routes`), so only transformers' generate and vLLM
+    need the pass for them."""
     r = cfg.rollout
     if r.old_logp != "auto":
         return r.old_logp
-    if r.mode == "async":  # the sampler's, as the paper takes the engine's (section 5.4); a MoE's routes come
-        # from gspo's decode loop (R3), else from the trainer's pass
-        return "sampler" if records_routes(cfg) or not (has_routers or cfg.algo.routing_replay) else "trainer"
+    routes_ok = records_routes(cfg) or not (has_routers or cfg.algo.routing_replay)
+    if r.mode == "async":  # the sampler's, as the paper takes the engine's (section 5.4)
+        return "sampler" if routes_ok else "trainer"
     same_numbers = (r.backend == "hf" and cfg.model.dtype == "float32" and cfg.model.mixed_precision == "no"
                     and r.mixed_precision == "no" and not cfg.model.dropout)
-    return "sampler" if same_numbers and not has_routers and not cfg.algo.routing_replay else "trainer"
-
-
-def records_routes(cfg: Config) -> bool:
-    """Can the sampler record a MoE's routes as it samples (R3)? gspo's decode loop can; HF's
-    generate and vLLM cannot."""
-    return cfg.rollout.backend == "hf" and cfg.rollout.decode == "gspo"
+    return "sampler" if same_numbers and routes_ok else "trainer"
 
 
 def resolve_correction(cfg: Config, old_logp: str) -> str:
@@ -372,11 +369,16 @@ def build_run(cfg: Config) -> Run:
     generator_model = model if asynchronous else distributed.generator_copy(model, d) or model
     old_logp = resolve_old_logp(cfg, has_routers=bool(find_routers(model)))
     cfg.algo.mismatch_correction = resolve_correction(cfg, old_logp)
-    # MoE routes come from the trainer's pi_old pass: without it there is nothing to track
-    sampler_routes = asynchronous and old_logp == "sampler" and records_routes(cfg)  # R3: recorded by the generators
+    # MoE routes come from the trainer's pi_old pass, or with the sampler's pi_old from gspo's decode loop (R3)
+    sampler_routes = old_logp == "sampler" and records_routes(cfg) and bool(find_routers(model))
     routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
-    if cfg.algo.routing_replay and not routes.active:  # (replay is refused without the pass)
+    if cfg.algo.routing_replay and not (routes and routes.active):
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
+    if cfg.algo.router_aux_loss_coef > 0:
+        if not find_routers(model):
+            raise ConfigError("config field 'algo.router_aux_loss_coef': the model has no MoE routers to balance")
+        routes = routes or RouteTracker(model)  # (its hooks see every router call of the update pass)
+        routes.aux = True
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
 
     def logprob_module(policy):
@@ -396,12 +398,14 @@ def build_run(cfg: Config) -> Run:
         generator = _vllm_generator(cfg, generator_model, tok, d)
     else:
         generator = hf_generator(cfg, generator_model, tok)
+        if sampler_routes and not asynchronous:  # every rollout carries the routes its decode loop chose
+            generator.routes = RouteTracker(generator_model)
     params = [p for p in trainer.parameters() if p.requires_grad]
     o = cfg.optim
     # the fused kernel: one pass over each parameter (on a CPU ~4x faster than the default loop)
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps,
-                                  weight_decay=o.weight_decay, fused=fused or None)
+    optimizer = torch.optim.AdamW(param_groups(cfg, trainer, params), lr=o.lr, betas=(o.beta1, o.beta2),
+                                  eps=o.adam_eps, weight_decay=o.weight_decay, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
                           num_workers=cfg.rewards.num_workers)
@@ -414,6 +418,19 @@ def build_run(cfg: Config) -> Run:
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
                resume_from=resume_from, remote=remote, reference=reference,
                tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
+
+
+def param_groups(cfg: Config, trainer, params: list) -> list[dict]:
+    """AdamW's parameter groups: one, or with `optim.router_lr_scale` the MoE routers' weights
+    apart at lr × that scale (the rest first, so `lr` in the metrics is optim.lr's schedule)."""
+    scale = cfg.optim.router_lr_scale
+    if scale == 1.0:
+        return [{"params": params}]
+    ids = {id(p) for router in find_routers(trainer) for p in router.parameters()}
+    routers = [p for p in params if id(p) in ids]
+    if not routers:
+        raise ConfigError("config field 'optim.router_lr_scale': the model has no trainable MoE router weights")
+    return [{"params": [p for p in params if id(p) not in ids]}, {"params": routers, "lr": cfg.optim.lr * scale}]
 
 
 def needs_reference(cfg: Config) -> bool:
