@@ -1,6 +1,6 @@
 """Claim 1 (paper §5.3): on a MoE whose routes churn, GRPO needs Routing Replay and GSPO does not.
 
-    python examples/claims/moe_routing.py            # 5 algorithms x 5 seeds + a router-lr sweep: ~15 min on 2 cores
+    python examples/claims/moe_routing.py            # 5 algorithms x 5 seeds + a load-balancing sweep: ~15 min on 2 cores
     python examples/claims/moe_routing.py --quick    # 1 seed, 2 algorithms, 3 rollouts: checks the script
 
 The regime. The paper reports that about 10% of the experts a token activates change after
@@ -8,10 +8,14 @@ each update of Qwen3-30B-A3B. docs/moe.md's warmed-up tiny MoEs at lr 5e-5 chang
 routes per step, where nothing is tested. Routes churn when a router's top-k logits are close
 and the router moves fast. The default here: a tiny Qwen3-MoE (4 layers, every one sparse, 16
 experts, top-4, hidden 64) warmed up by 600 supervised steps per seed, routers included, then
-RL at lr 3e-5 with the routers' own learning rate 100x that (optim.router_lr_scale=100) and a
-shaped reward (examples/claims/rewards.py:digit_credit: partial credit for digits in place, 1
-for the exact answer). The router-lr sweep (--sweep-router-lr) moves the churn with nothing
-else changed. What a short exploration measured (seed 0, 40 rollouts, GSPO / GRPO; routes: the
+RL at lr 3e-5 with the routers' own learning rate 300x that (optim.router_lr_scale=300), a
+load-balancing loss of weight 3 (algo.router_aux_loss_coef=3) and a shaped reward
+(examples/claims/rewards.py:digit_credit: partial credit for digits in place, 1 for the exact
+answer). Routes churn when many tokens' k-th and (k+1)-th router logits are close and the router
+moves fast: the load-balancing loss keeps the router near uniform (and, unlike the task loss
+through renormalised top-k gates, reaches the logits of experts a token did not pick), and the
+router lr moves it. The load-balancing sweep (--sweep-aux) moves the churn with nothing else
+changed. What a short exploration measured (seed 0, 40 rollouts, GSPO / GRPO; routes: the
 off-policy steps' routing/changed_frac; accuracy: held-out greedy, start -> end):
     16 experts top-4, routers frozen in the warm-up (until 2026-12-01 the default), lr 3e-5:
       router lr x 1                            routes 0.4 / 0.5%   accuracy 58.5 -> 80.5 / 81.0%
@@ -29,19 +33,26 @@ off-policy steps' routing/changed_frac; accuracy: held-out greedy, start -> end)
       router lr x 300                          routes 3.6 / 3.8%   accuracy 60.0 -> 68.0 / 68.0%
       router lr x 1000                         routes 4.2 / 3.8%   accuracy 60.0 -> 28.0 / 28.0%
       router lr x 3000                         routes 3.8 / 4.6%   accuracy 60.0 -> 12.5 / 2.0%
+      router lr x 30, load balancing 1         routes 1.8 / 2.0%   accuracy 60.0 -> 79.0 / 78.5%
+      router lr x 100, load balancing 0.1      routes 3.4 / 3.1%   accuracy 60.0 -> 78.0 / 81.0%
+      router lr x 100, load balancing 1        routes 3.8 / 3.8%   accuracy 60.0 -> 75.5 / 75.0%
+      router lr x 300, load balancing 1        routes 6.2 / 5.7%   accuracy 60.0 -> 71.0 / 72.5%
+      router lr x 300, load balancing 3        routes 7.5 / 6.7%   accuracy 60.0 -> 68.0 / 67.5%   (the default)
+      router lr x 300, load balancing 10       routes 10.0 / 8.7%  accuracy 60.0 -> 47.0 / 57.0%
+      router lr x 1000, load balancing 1       routes 5.9 / 5.2%   accuracy 60.0 -> 19.5 / 7.0%
+      router lr x 1000, load balancing 3       routes 5.2 / 5.9%   accuracy 60.0 -> 16.5 / 20.0%
     8 experts top-2, fresh (no warm-up), lr 1e-3 routes 4.7 / 5.4%   accuracy 0 -> 0 (shaped 0.002 -> 0.060)
-So at this scale the churn levels off at ~4-5% per off-policy step however fast the routers
-move, and past ~3% every algorithm stops learning: the router's own steps then do the harm,
-whatever the ratio. The paper's 10% with a learning model was not reached. Earlier sessions'
-exploration (whole-model lr 1e-4 / 3e-4, routers scaled by 0.1 or 0.03) gave 1-4% and the same
-picture.
+Without load balancing the churn levels off at ~4-5% per off-policy step however fast the
+routers move, and past ~3% every algorithm stops learning. With it, 5-8% of routes change per
+off-policy step (3-4% after one update) while the model still learns; at 10% it stops. Earlier
+sessions' exploration (whole-model lr 1e-4 / 3e-4, routers scaled by 0.1 or 0.03) gave 1-4%.
 
 The runs. For each seed: one warm-up, then from it GSPO (algo.level=sequence), GSPO-token
 (sequence_token), GRPO (token), GRPO + Routing Replay and SAPO (token, objective=sapo),
 interleaved, at equal compute: the same prompts, rollouts, batch (16 prompts x 8), 4 minibatches
 per rollout (steps 2-4 off-policy) and lr; each level's paper clip range is the library
-default. Then the router-lr sweep of GSPO and GRPO without replay, same seeds (--sweep-lr adds a
-whole-model lr sweep). Each run is its own
+default. Then the load-balancing sweep of GSPO and GRPO without replay, same seeds
+(--sweep-router-lr and --sweep-lr add sweeps of the router lr and of the whole model's lr). Each run is its own
 `python -m gspo train` process with one thread, two at a time.
 
 Collapse, defined before the runs: a run has collapsed when the trainer stopped it ("gspo
@@ -106,7 +117,6 @@ def base_overrides(a) -> list[str]:
             f"rewards.functions=[{{name: '{REWARD}:digit_credit'}}]",
             "tiny.moe=true", f"tiny.hidden_size={a.hidden}", f"tiny.num_layers={a.layers}",
             f"tiny.num_experts={a.experts}", f"tiny.experts_per_tok={a.top_k}",
-            f"algo.router_aux_loss_coef={a.aux_coef}",
             "logging.routing_per_layer=true", "logging.console=false", "logging.completions_every=0",
             "logging.table_every=0", "threads=1"]
 
@@ -184,13 +194,13 @@ def summarize(recs: list[dict], status: str) -> dict:
             "steps": len(steps)}
 
 
-def one_run(a, algo: str, lr: float, router_lr: float, seed: int, warm: Path) -> dict:
-    name = f"{algo}-lr{lr:g}-router{router_lr:g}-seed{seed}"
+def one_run(a, algo: str, lr: float, router_lr: float, aux: float, seed: int, warm: Path) -> dict:
+    name = f"{algo}-lr{lr:g}-router{router_lr:g}-aux{aux:g}-seed{seed}"
     run_dir = Path(a.out) / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "gspo", "train", *base_overrides(a), *ALGOS[algo], f"optim.lr={lr}",
-           f"optim.router_lr_scale={router_lr}",
+           f"optim.router_lr_scale={router_lr}", f"algo.router_aux_loss_coef={aux}",
            f"schedule.rollouts={a.rollouts}", f"model.name_or_path={warm}", f"seed={seed}",
            f"output.dir={Path(a.out).resolve()}", f"output.name={name}"]
     t0 = time.time()
@@ -206,7 +216,7 @@ def one_run(a, algo: str, lr: float, router_lr: float, seed: int, warm: Path) ->
         from gspo.report.sinks import read_metrics
 
         recs = read_metrics(run_dir / "metrics.jsonl")
-    return {"algo": algo, "lr": lr, "router_lr_scale": router_lr, "seed": seed, "run": name,
+    return {"algo": algo, "lr": lr, "router_lr_scale": router_lr, "aux_coef": aux, "seed": seed, "run": name,
             "seconds": round(time.time() - t0, 1),
             **summarize(recs, status)}
 
@@ -231,8 +241,16 @@ HEADER = ("seeds | accuracy start → end (mean) | end, per seed | collapsed | e
 RULE = "---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
+KNOBS = {"lr": "lr", "router_lr_scale": "router_lr_scale", "aux_coef": "aux_coef"}  # result key: argument
+
+
+def _at_main(a, r: dict, *free: str) -> bool:
+    """Is `r` at the main cells' settings, except for the knobs `free`?"""
+    return all(r[k] == getattr(a, arg) for k, arg in KNOBS.items() if k not in free)
+
+
 def _is_main(a, r: dict) -> bool:
-    return r["lr"] == a.lr and r["router_lr_scale"] == a.router_lr_scale
+    return _at_main(a, r)
 
 
 def _sweep(title: str, key: str, label: str, runs: list[dict], algos) -> list[str]:
@@ -278,12 +296,14 @@ def tables(a, results: list[dict]) -> str:
             if rs:
                 lines.append(f"| {algo} | " + " | ".join(_f(_mean(r["routing_layers"][i] for r in rs), 4)
                                                        for i in range(n_layers)) + " |")
-    lines += _sweep("Router learning-rate sweep (the rest at the main lr; same seeds and budget): the routing "
-                    "change rises with it", "router_lr_scale", "router lr x",
-                    [r for r in results if r["lr"] == a.lr], SWEEP_ALGOS)
-    lines += _sweep("Learning-rate sweep of the whole model, GSPO against GRPO without replay (same seeds and "
-                    "budget):", "lr", "lr", [r for r in results if r["router_lr_scale"] == a.router_lr_scale],
-                    SWEEP_ALGOS)
+    lines += _sweep("Load-balancing sweep, GSPO against GRPO without replay (everything else as in the main "
+                    "cells; same seeds and budget): the routing change rises with it", "aux_coef",
+                    "load balancing x", [r for r in results if _at_main(a, r, "aux_coef")], SWEEP_ALGOS)
+    lines += _sweep("Router learning-rate sweep, GSPO against GRPO without replay (everything else as in the "
+                    "main cells):", "router_lr_scale", "router lr x",
+                    [r for r in results if _at_main(a, r, "router_lr_scale")], SWEEP_ALGOS)
+    lines += _sweep("Learning-rate sweep of the whole model, GSPO against GRPO without replay (everything else "
+                    "as in the main cells):", "lr", "lr", [r for r in results if _at_main(a, r, "lr")], SWEEP_ALGOS)
     return "\n".join(lines) + "\n"
 
 
@@ -295,12 +315,15 @@ def parse_args(argv=None):
     p.add_argument("--rollouts", type=int, default=60)
     p.add_argument("--prompts", type=int, default=16, help="prompts per rollout (8 completions each)")
     p.add_argument("--lr", type=float, default=3e-5, help="the main cells' learning rate")
-    p.add_argument("--router-lr-scale", type=float, default=100.0,
+    p.add_argument("--router-lr-scale", type=float, default=300.0,
                    help="the main cells' router learning rate over --lr (optim.router_lr_scale)")
-    p.add_argument("--aux-coef", type=float, default=0.0, help="load-balancing loss weight (algo.router_aux_loss_coef)")
+    p.add_argument("--aux-coef", type=float, default=3.0,
+                   help="the main cells' load-balancing loss weight (algo.router_aux_loss_coef)")
+    p.add_argument("--sweep-aux", type=float, nargs="*", default=[0.0, 1.0, 10.0],
+                   help="further load-balancing weights for GSPO and GRPO without replay")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=[],
                    help="further lrs for GSPO and GRPO without replay (the main lr is part of the sweep)")
-    p.add_argument("--sweep-router-lr", type=float, nargs="*", default=[1.0, 30.0, 300.0, 1000.0],
+    p.add_argument("--sweep-router-lr", type=float, nargs="*", default=[],
                    help="further router lr scales for GSPO and GRPO without replay, at the main lr")
     p.add_argument("--warmup-steps", type=int, default=600, help="supervised warm-up steps per seed")
     p.add_argument("--freeze-router", type=int, default=0, choices=(0, 1),
@@ -317,7 +340,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="1 seed, gspo and grpo, 3 rollouts, no sweep")
     a = p.parse_args(argv)
     if a.quick:
-        a.seeds, a.rollouts, a.algos, a.sweep_lr, a.sweep_router_lr = 1, 3, ["gspo", "grpo"], [], []
+        a.seeds, a.rollouts, a.algos, a.sweep_lr, a.sweep_router_lr, a.sweep_aux = 1, 3, ["gspo", "grpo"], [], [], []
         a.warmup_steps, a.prompts, a.eval_prompts, a.eval_every = 5, 4, 8, 0
         a.layers, a.experts, a.top_k = 2, 8, 2
     return a
@@ -332,13 +355,15 @@ def main(argv=None) -> list[dict]:
     with cf.ThreadPoolExecutor(a.parallel) as pool:
         warms = dict(zip(seeds, pool.map(lambda s: warm_up(a, s), seeds)))
         # interleaved: within each seed the algorithms alternate, then the sweep's other lrs
-        jobs = [(algo, a.lr, a.router_lr_scale, s) for s in seeds for algo in a.algos]
-        jobs += [(algo, a.lr, rls, s) for s in seeds for rls in a.sweep_router_lr if rls != a.router_lr_scale
-                 for algo in SWEEP_ALGOS]
-        jobs += [(algo, lr, a.router_lr_scale, s) for s in seeds for lr in a.sweep_lr if lr != a.lr
-                 for algo in SWEEP_ALGOS]
+        main = (a.lr, a.router_lr_scale, a.aux_coef)
+        jobs = [(algo, *main, s) for s in seeds for algo in a.algos]
+        for i, values in enumerate((a.sweep_lr, a.sweep_router_lr, a.sweep_aux)):  # one knob at a time
+            for s in seeds:
+                for v in values:
+                    if v != main[i]:
+                        jobs += [(algo, *main[:i], v, *main[i + 1:], s) for algo in SWEEP_ALGOS]
         results = []
-        for r in pool.map(lambda j: one_run(a, *j, warms[j[3]]), jobs):
+        for r in pool.map(lambda j: one_run(a, *j, warms[j[4]]), jobs):
             print(json.dumps({k: v for k, v in r.items() if k != "acc_curve"}), flush=True)
             results.append(r)
     text = tables(a, results)
