@@ -124,3 +124,19 @@ def test_router_controls_refuse_bad_values_and_dense_models(tmp_path):
     for field in ("optim.router_lr_scale=2", "algo.router_aux_loss_coef=0.01"):
         with pytest.raises(ConfigError, match=field.split("=")[0]):
             train(load_config(None, [*dense, field, f"output.dir={tmp_path}"]))
+
+
+def test_a_run_with_router_controls_resumes_exactly(tmp_path):
+    """Killed after rollout 2 and resumed: the routers' own AdamW group (its lr and moments)
+    and the load-balancing loss give what the uninterrupted run gives, bit for bit, on a MoE
+    whose pi_old and routes come from the sampler (R3)."""
+    from test_resume import assert_same_run, gspo_train
+
+    extra = ("tiny.moe=true", "tiny.num_experts=4", "optim.router_lr_scale=10", "algo.router_aux_loss_coef=0.1")
+    gspo_train(tmp_path / "a", "run", *extra)
+    p = gspo_train(tmp_path / "b", "run", *extra, faults="exit_after_rollout=2", check=False)
+    assert p.returncode == 3
+    gspo_train(tmp_path / "b", "run", *extra, "resume=auto")
+    assert_same_run(tmp_path / "a" / "run", tmp_path / "b" / "run")
+    aux = [r["routing/aux_loss"] for r in _metrics(tmp_path / "a" / "run") if r.get("routing/aux_loss") is not None]
+    assert len(aux) >= 8

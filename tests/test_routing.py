@@ -265,6 +265,9 @@ def test_tiny_moe_shape_from_the_config(tmp_path):
 def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
     with pytest.raises(ConfigError, match="algo.routing_replay"):  # generate records no routes
         load_config(None, [*TINY, "algo.routing_replay=true", "rollout.old_logp=sampler", "rollout.decode=generate"])
+    with pytest.raises(ConfigError, match="algo.routing_replay"):  # a tool's reply has no sampler route
+        load_config(None, [*TINY, "algo.routing_replay=true", "rollout.old_logp=sampler",
+                           "rollout.tools=[gspo.tool_tasks:calc]"])
     dense = [x for x in TINY if "moe" not in x]
     with pytest.raises(ConfigError, match="no MoE routers"):
         train(load_config(None, [*dense, "algo.routing_replay=true", f"output.dir={tmp_path}"]))

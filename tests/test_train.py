@@ -318,6 +318,10 @@ def test_micro_batches_combine_token_and_extreme_metrics_exactly(tmp_path):
     ([], True, "sampler"),                                    # MoE: gspo's decode loop records the routes (R3)
     (["rollout.decode=generate"], True, "trainer"),           # ... transformers' generate cannot: the pass does
     (["rollout.decode=generate"], False, "sampler"),
+    (["rollout.tools=[gspo.tool_tasks:calc]"], True, "trainer"),  # a tool's reply tokens: no sampler runs them
+    (["rollout.tools=[gspo.tool_tasks:calc]"], False, "sampler"),
+    (["rollout.mode=async", "rollout.tools=[gspo.tool_tasks:calc]"], True, "trainer"),
+    (["rollout.mode=async"], True, "sampler"),
     (["model.mixed_precision=bf16"], False, "trainer"),
     (["model.dtype=bfloat16"], False, "trainer"),
     (["lora.enabled=true"], False, "sampler"),                # dropout off: the sampler's numbers still

@@ -1,6 +1,6 @@
 """Claim 1 (paper §5.3): on a MoE whose routes churn, GRPO needs Routing Replay and GSPO does not.
 
-    python examples/claims/moe_routing.py            # 5 algorithms x 5 seeds + a load-balancing sweep: ~15 min on 2 cores
+    python examples/claims/moe_routing.py            # 5 algorithms x 5 seeds + a load-balancing sweep: ~8 min on 2 cores
     python examples/claims/moe_routing.py --quick    # 1 seed, 2 algorithms, 3 rollouts: checks the script
 
 The regime. The paper reports that about 10% of the experts a token activates change after

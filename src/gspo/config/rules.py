@@ -136,8 +136,8 @@ def validate(cfg: Config) -> None:
            "must be a finite number >= 0")
     _check(not (a.routing_replay and r.old_logp == "sampler") or records_routes(cfg), "algo.routing_replay",
            "replays pi_old's experts: with rollout.old_logp=sampler they are the sampler's, which only gspo's own "
-           "decode loop records (rollout.backend=hf, rollout.decode=gspo; vLLM and transformers' generate cannot): "
-           "use one, or rollout.old_logp=trainer")
+           "decode loop records (rollout.backend=hf, rollout.decode=gspo, single completions; vLLM, transformers' "
+           "generate and multi-turn episodes cannot): use one, or rollout.old_logp=trainer")
     try:
         method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
         algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
@@ -235,9 +235,12 @@ def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
 
 
 def records_routes(cfg: Config) -> bool:
-    """Can the sampler record a MoE's routes as it samples (R3)? gspo's decode loop can; HF's
-    generate and vLLM cannot."""
-    return cfg.rollout.backend == "hf" and cfg.rollout.decode == "gspo"
+    """Can the sampler record every token's MoE routes as it samples (R3)? gspo's decode loop
+    can, for single completions; HF's generate and vLLM cannot, and in multi-turn episodes
+    (rollout.tools / rollout.environment) no sampler runs the tokens a tool or an environment
+    inserts."""
+    r = cfg.rollout
+    return r.backend == "hf" and r.decode == "gspo" and not r.tools and not r.environment
 
 
 def objective_args(cfg: Config) -> dict:
