@@ -406,3 +406,22 @@ def test_loop_reference_with_clamped_log_ratios():
         assert loss.item() == pytest.approx(ref.item(), rel=1e-10, abs=1e-12)
         torch.testing.assert_close(_grad(loss, logp), _grad(ref, logp), rtol=1e-10,
                                    atol=1e-12)
+
+
+def test_token_log_ratio_spread_by_hand_and_over_micro_batches():
+    """log w = logp - old_logp on valid tokens: micro-batch 1 has (0.1, -0.1, 0.3), micro-batch 2
+    (0.2) (its second token is padding). Over the four tokens: mean 0.125, mean square
+    (0.01 + 0.01 + 0.09 + 0.04) / 4 = 0.0375, variance 0.0375 - 0.125^2 = 0.021875, the variance
+    of the union (not the mean of the two micro-batches' variances, 0.01778 and 0)."""
+    from gspo.train.distributed import Dist
+    from gspo.train.step_metrics import add_micro_metrics, reduce_minibatch_metrics
+
+    sums = {}
+    for old_lr, mask in (([[0.1, -0.1, 0.3]], [[1, 1, 1]]), ([[0.2, 7.0, 0.0]], [[1, 0, 0]])):
+        lr, mask = torch.tensor(old_lr), torch.tensor(mask, dtype=torch.bool)
+        _, m = policy_loss(lr, torch.zeros_like(lr), torch.ones(1), mask, level="token")
+        add_micro_metrics(sums, m, int(mask.sum()), 1)
+    got = reduce_minibatch_metrics(Dist(device=torch.device("cpu")), sums, 0.0, 4, 2)
+    assert got["ratio/token_log_mean"] == pytest.approx(0.125)
+    assert got["ratio/token_log_sq_mean"] == pytest.approx(0.0375)
+    assert got["ratio/token_log_var"] == pytest.approx(0.021875)

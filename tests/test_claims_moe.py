@@ -23,6 +23,7 @@ def test_moe_routing_quick(tmp_path):
     assert all(r["status"] == "ok" and r["steps"] == 3 * mod.MINIBATCHES for r in results)
     # the off-policy steps compare routes (the first step of each rollout is pi_old itself)
     assert all(r["routing_off"] is not None and len(r["routing_layers"]) == 2 for r in results)
+    assert all(r["token_log_ratio_var_off"] > 0 for r in results)  # off-policy steps: the ratios spread
     table = (tmp_path / "table.md").read_text()
     assert "| gspo | 1 |" in table and "| grpo | 1 |" in table and "Collapsed" in table and "layer 1" in table
     saved = json.loads((tmp_path / "results.json").read_text())

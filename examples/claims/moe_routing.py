@@ -67,9 +67,9 @@ Measured per run (metrics the trainer logs; nothing is added to the library):
                layer, k) choices where pi_theta's top-k differs from pi_old's. Under Routing
                Replay the update uses pi_old's experts; the metric still compares the natural
                top-k, so it measures churn, not what replay let through.
-    kl/approx  k3 estimate of KL(pi_old || pi_theta) per token on the off-policy steps. The
-               library logs no variance of the token log-ratios; for small ratios k3 is about
-               half their second moment, so it stands in for their spread.
+    variance   ratio/token_log_var: the variance of the token log-ratios log w_t over each
+               off-policy step's tokens (for small ratios, Var(w_t) is about the same)
+    kl/approx  k3 estimate of KL(pi_old || pi_theta) per token on the off-policy steps
     clip       clip/token_frac over all steps (SAPO: the tokens whose gate keeps under half the
                gradient), counted per token as in the paper's Fig. 2
     grad_norm  the global gradient norm before clipping (optim.max_grad_norm=1), mean over the
@@ -188,6 +188,7 @@ def summarize(recs: list[dict], status: str) -> dict:
             "routing_first_off": _mean(r.get("routing/changed_frac") for r in first_off),
             "routing_layers": [_mean(r.get(k) for r in off) for k in layers],
             "kl_approx_off": _mean(r.get("kl/approx") for r in off),
+            "token_log_ratio_var_off": _mean(r.get("ratio/token_log_var") for r in off),
             "clip_token_frac": _mean(r.get("clip/token_frac") for r in steps),
             "grad_norm": _mean(r.get("grad_norm") for r in steps if r.get("rows/minibatch", 1) > 0),
             "reward_mean": _mean(r.get("reward/mean") for r in steps),
@@ -232,13 +233,15 @@ def _cells(rs: list[dict]) -> str:
     return (f"{len(ok)} | {_f(m('acc_before'))} → **{_f(m('acc_after'))}** | "
             f"{', '.join(_f(r['acc_after']) for r in ok)} | {sum(r['collapsed'] for r in ok)} | "
             f"{len(rs) - len(ok)} | {_f(m('eval_reward_before'))} → {_f(m('eval_reward_after'))} | "
-            f"{_f(m('routing_off'), 4)} | {_f(m('routing_first_off'), 4)} | {_f(m('kl_approx_off'), 5)} | "
+            f"{_f(m('routing_off'), 4)} | {_f(m('routing_first_off'), 4)} | {_f(m('token_log_ratio_var_off'), 5)} | "
+            f"{_f(m('kl_approx_off'), 5)} | "
             f"{_f(m('clip_token_frac'), 4)} | {_f(m('grad_norm'), 2)} | {_f(m('seconds'), 0)} |")
 
 
 HEADER = ("seeds | accuracy start → end (mean) | end, per seed | collapsed | errors | held-out shaped reward | "
-          "routing change (off-policy) | after 1 update | kl/approx | token clip fraction | grad norm | s / run |")
-RULE = "---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          "routing change (off-policy) | after 1 update | token log-ratio variance | kl/approx | token clip fraction | "
+          "grad norm | s / run |")
+RULE = "---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
 KNOBS = {"lr": "lr", "router_lr_scale": "router_lr_scale", "aux_coef": "aux_coef"}  # result key: argument
@@ -277,10 +280,11 @@ def tables(a, results: list[dict]) -> str:
              f"{MINIBATCHES} minibatches; reward digit_credit; held-out greedy accuracy on {a.eval_prompts} prompts.")
     collapse = (f"**Collapsed** (defined before the runs): {COLLAPSE}. **Errors**: runs that crashed (the "
                 "library's fault, not the algorithm's); left out of every other column.")
-    columns = ("Routing change and kl/approx: mean over the off-policy steps (2-4 of each rollout); \"after 1 "
-               "update\": step 2 only. kl/approx (k3 per token) stands in for the spread of the token log-ratios, "
-               "of which the library logs no variance. Token clip fraction over all steps (SAPO: tokens whose "
-               "gate keeps under half the gradient). Gradient norm before clipping to 1.")
+    columns = ("Routing change, token log-ratio variance and kl/approx: mean over the off-policy steps (2-4 of "
+               "each rollout); \"after 1 update\": step 2 only. The variance is of log w_t = log pi_theta - "
+               "log pi_old over each step's tokens (ratio/token_log_var; for small ratios Var(w) is about the "
+               "same); kl/approx is the k3 estimate per token. Token clip fraction over all steps (SAPO: tokens "
+               "whose gate keeps under half the gradient). Gradient norm before clipping to 1.")
     lines = [f"# MoE routing: GSPO, GRPO and GRPO + Routing Replay at lr {a.lr:g}, router lr x {a.router_lr_scale:g}",
              "", model, "", collapse, "", columns, "", "| algorithm | " + HEADER, "|---|" + RULE]
     for algo in a.algos:

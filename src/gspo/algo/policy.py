@@ -248,6 +248,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         kl/approx: k3 estimate of KL(pi_old || pi_theta) per valid token, on tokens sampled from
             pi_old: r - 1 - log r with r = exp(logp - old_logp) (clamped); unbiased since
             E_old[r] = 1, and >= 0 per token.
+        ratio/token_log_mean, ratio/token_log_sq_mean: the mean and the mean square of the token
+            log-ratios log w_t over valid tokens (all levels), which reduce over micro-batches and
+            processes as token means; the trainer logs their variance, ratio/token_log_var.
         completion/len_mean: mean |y_i| over all B sequences.  loss: the returned value.
     """
     eps_low, eps_high, aggregation = validate_algo(level, eps_low, eps_high, aggregation, max_len,
@@ -341,12 +344,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 # metrics that are means over completion tokens (the rest of `_metrics` are over sequences,
 # or a min / max): combined across micro-batches and processes weighted by token counts
 TOKEN_METRICS = ("clip/token_frac", "clip/token_frac_low", "clip/token_frac_high", "kl/approx",
+                 "ratio/token_log_mean", "ratio/token_log_sq_mean",
                  "gate/weight_mean", "entropy/mean", "kl/ref", "routing/aux_loss")
 # ... and the means over sequences, weighted by sequence counts
 SEQUENCE_METRICS = ("clip/seq_frac", "ratio/seq_mean", "completion/len_mean")
 # every metric of policy_loss but the loss itself (and the objectives' own, gate/weight_mean)
 ROW_METRICS = ("clip/token_frac", "clip/token_frac_low", "clip/token_frac_high", "clip/seq_frac", "ratio/seq_mean",
-               "ratio/seq_min", "ratio/seq_max", "kl/approx", "completion/len_mean")
+               "ratio/seq_min", "ratio/seq_max", "kl/approx", "completion/len_mean", "ratio/token_log_mean",
+               "ratio/token_log_sq_mean")
 
 
 @torch.no_grad()
@@ -378,5 +383,7 @@ def _metrics(loss, high, low, tok_lr, seq_ratio, mask, lengths, max_log_ratio):
         torch.where(any_seq, torch.where(nonempty, s, -math.inf).max(), 1.0),
         k3.sum() / n_tok,
         lengths.sum().double() / lengths.numel(),
+        torch.where(mask, lr, 0.0).double().sum() / n_tok,
+        torch.where(mask, lr, 0.0).double().square().sum() / n_tok,
     )]).tolist()  # one device sync for all metrics
     return dict(zip(("loss", *ROW_METRICS), values))

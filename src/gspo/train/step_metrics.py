@@ -65,6 +65,9 @@ def reduce_minibatch_metrics(d, sums: dict, loss: float, tokens: int, rows: int)
             metrics[k] = metrics[k] / n if n > 0 else math.nan
         elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
             metrics[k] = math.nan
+    if "ratio/token_log_sq_mean" in metrics:  # the spread of the token log-ratios (GRPO's noise, paper §3)
+        metrics["ratio/token_log_var"] = max(metrics["ratio/token_log_sq_mean"] - metrics["ratio/token_log_mean"] ** 2,
+                                             0.0) if math.isfinite(metrics["ratio/token_log_sq_mean"]) else math.nan
     return metrics
 
 
