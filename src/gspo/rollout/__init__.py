@@ -483,9 +483,11 @@ class HFGenerator:
             use_cache=True,
         )
 
-    @torch.no_grad()
+    @torch.inference_mode()  # (no autograd bookkeeping at all: ~9% off a tiny model's decode step)
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, on_forward=None):
-        """One chunk: (B, P) left-padded prompts → (B, T_gen) completion ids and log-probs."""
+        """One chunk: (B, P) left-padded prompts → (B, T_gen) completion ids and log-probs,
+        inference tensors, which `generate_ids` copies into ordinary ones (the trainer's
+        autograd may then save them)."""
         if self.engine == "gspo":
             return decode(self.model, ids, mask, max_new_tokens=max_new_tokens, eos_token_ids=self.eos_token_ids,
                           pad_token_id=self.pad_token_id, temperature=self.temperature, top_k=self.top_k,
