@@ -244,16 +244,12 @@ HEADER = ("seeds | accuracy start → end (mean) | end, per seed | collapsed | e
 RULE = "---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
-KNOBS = {"lr": "lr", "router_lr_scale": "router_lr_scale", "aux_coef": "aux_coef"}  # result key: argument
+KNOBS = ("lr", "router_lr_scale", "aux_coef")  # what a sweep moves: a result's key and the argument's name
 
 
 def _at_main(a, r: dict, *free: str) -> bool:
     """Is `r` at the main cells' settings, except for the knobs `free`?"""
-    return all(r[k] == getattr(a, arg) for k, arg in KNOBS.items() if k not in free)
-
-
-def _is_main(a, r: dict) -> bool:
-    return _at_main(a, r)
+    return all(r[k] == getattr(a, k) for k in KNOBS if k not in free)
 
 
 def _sweep(title: str, key: str, label: str, runs: list[dict], algos) -> list[str]:
@@ -270,7 +266,7 @@ def _sweep(title: str, key: str, label: str, runs: list[dict], algos) -> list[st
 
 
 def tables(a, results: list[dict]) -> str:
-    main = [r for r in results if _is_main(a, r)]
+    main = [r for r in results if _at_main(a, r)]
     n_layers = max((len(r["routing_layers"]) for r in main), default=0)
     model = (f"Tiny Qwen3-MoE: {a.layers} layers, {a.experts} experts, top-{a.top_k}, hidden {a.hidden}; "
              f"{a.warmup_steps} supervised warm-up steps per seed (routers {'frozen' if a.freeze_router else 'trained'}), "
@@ -359,7 +355,7 @@ def main(argv=None) -> list[dict]:
     with cf.ThreadPoolExecutor(a.parallel) as pool:
         warms = dict(zip(seeds, pool.map(lambda s: warm_up(a, s), seeds)))
         # interleaved: within each seed the algorithms alternate, then the sweep's other lrs
-        main = (a.lr, a.router_lr_scale, a.aux_coef)
+        main = tuple(getattr(a, k) for k in KNOBS)
         jobs = [(algo, *main, s) for s in seeds for algo in a.algos]
         for i, values in enumerate((a.sweep_lr, a.sweep_router_lr, a.sweep_aux)):  # one knob at a time
             for s in seeds:
@@ -377,7 +373,7 @@ def main(argv=None) -> list[dict]:
          "args": vars(a), "collapse": COLLAPSE, "seconds": round(time.time() - t0, 1), "results": results}, indent=1))
     from gspo.report.html import make_report
 
-    main_runs = [out / r["run"] for r in results if _is_main(a, r) and (out / r["run"] / "metrics.jsonl").exists()]
+    main_runs = [out / r["run"] for r in results if _at_main(a, r) and (out / r["run"] / "metrics.jsonl").exists()]
     if main_runs:
         make_report(main_runs, out / "report")
     print(text)

@@ -70,7 +70,7 @@ class RouteTracker:
         self._total = torch.zeros(len(self.routers), dtype=torch.float64)
         self._checked: set[int] = set()
         self.aux = False  # accumulate the load-balancing loss's sums in forwards with autograd on
-        self._aux_sums: list = []  # per router call: (Σ w·probs (E,), Σ w·onehot (k, E), Σ w)
+        self._aux_sums: list = []  # per router call: (Σ w·probs (E,), Σ w·picks (E,), Σ w)
         self.partial = False  # routes with unknown tokens that replay may leave alone (the sampler's)
         self._handles = [r.register_forward_hook(self._hook_for(i)) for i, r in enumerate(self.routers)]
 

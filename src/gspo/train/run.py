@@ -240,8 +240,8 @@ def resolve_old_logp(cfg: Config, has_routers: bool) -> str:
     pass when they are not (vLLM, a bf16 / fp16 sampler or learner, dropout in the trainer's
     passes) or when the pass has work of its own (recording MoE routes for routing/changed_frac
     and Routing Replay) that the sampler cannot do: a MoE's routes are recorded by gspo's own
-    decode loop as it samples (R3, `records_routes`), so only transformers' generate and vLLM
-    need the pass for them."""
+    decode loop as it samples (R3, `records_routes`), so only transformers' generate, vLLM and
+    multi-turn episodes need the pass for them."""
     r = cfg.rollout
     if r.old_logp != "auto":
         return r.old_logp
@@ -367,15 +367,16 @@ def build_run(cfg: Config) -> Run:
     mp = cfg.model.mixed_precision == "bf16"
     # async mode samples on the generators: the learners hold no copy and no engine of their own
     generator_model = model if asynchronous else distributed.generator_copy(model, d) or model
-    old_logp = resolve_old_logp(cfg, has_routers=bool(find_routers(model)))
+    has_routers = bool(find_routers(model))
+    old_logp = resolve_old_logp(cfg, has_routers=has_routers)
     cfg.algo.mismatch_correction = resolve_correction(cfg, old_logp)
     # MoE routes come from the trainer's pi_old pass, or with the sampler's pi_old from gspo's decode loop (R3)
-    sampler_routes = old_logp == "sampler" and records_routes(cfg) and bool(find_routers(model))
+    sampler_routes = old_logp == "sampler" and records_routes(cfg) and has_routers
     routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
     if cfg.algo.routing_replay and not (routes and routes.active):
         raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
     if cfg.algo.router_aux_loss_coef > 0:
-        if not find_routers(model):
+        if not has_routers:
             raise ConfigError("config field 'algo.router_aux_loss_coef': the model has no MoE routers to balance")
         routes = routes or RouteTracker(model)  # (its hooks see every router call of the update pass)
         routes.aux = True
