@@ -79,3 +79,53 @@ def test_reward_is_deterministic_and_in_range() -> None:
     assert r == mod.bench_reward(["q"] * 4, comps)
     assert all(0.0 <= x <= 1.0 for x in r) and len(set(r)) > 1
     assert mod.bench_reward(["p"], [[{"role": "assistant", "content": "12"}]]) == r[:1]
+
+
+def test_grid_bounds_by_hand(tmp_path) -> None:
+    """bench/grid_bounds.py on two made-up cells, each scenario worked out by hand."""
+    mod = load_script("bench/grid_bounds.py", "bench_grid_bounds")
+
+    def cell(trl, gspo, gen, update, asyn=None):
+        c = {"trl": {"rollout_s": trl},
+             "gspo": {"rollout_s": gspo, "phases": {"generate": gen, "update": update, "pi_old": 0.0}}}
+        if asyn is not None:
+            c["gspo-async"] = {"rollout_s": asyn}
+        return c
+
+    # a: TRL 1.2 s; gspo 0.6 = generate 0.2 + update 0.35 + 0.05 other (rest r = 0.4)
+    #    now 1.2/0.6 = 2; gen/2 1.2/(0.1+0.4) = 2.4; gen=0 1.2/0.4 = 3; update=0 1.2/0.25 = 4.8;
+    #    overlap 1.2/max(0.2, 0.4) = 3; async 1.2/0.3 = 4
+    # b: TRL 1.0 s; gspo 0.8 = generate 0.5 + update 0.3 (r = 0.3)
+    #    now 1.25; gen/2 1.0/0.55; gen=0 1.0/0.3; update=0 1.0/0.5 = 2; overlap 1.0/0.5 = 2; no async
+    results = {"workloads": {"a": cell(1.2, 0.6, 0.2, 0.35, asyn=0.3), "b": cell(1.0, 0.8, 0.5, 0.3),
+                             "gspo-only": {"gspo": {"rollout_s": 1.0, "phases": {}}}}}
+    res = mod.summarise(results)
+    assert set(res["cells"]) == {"a", "b"}  # a cell without TRL's side is left out
+    a, b = res["cells"]["a"], res["cells"]["b"]
+    for got, want in [(a["now"], 2.0), (a["gen/2"], 2.4), (a["gen=0"], 3.0), (a["update=0"], 4.8),
+                      (a["overlap"], 3.0), (a["async"], 4.0), (b["now"], 1.25), (b["gen/2"], 1.0 / 0.55),
+                      (b["gen=0"], 1.0 / 0.3), (b["update=0"], 2.0), (b["overlap"], 2.0)]:
+        assert math.isclose(got, want, rel_tol=1e-12), (got, want)
+    assert "async" not in b
+    s = res["summary"]
+    assert math.isclose(s["now"]["median"], (2.0 + 1.25) / 2) and s["now"]["worst_cell"] == "b"
+    assert math.isclose(s["overlap"]["worst"], 2.0)
+    assert s["async"] == {"median": 4.0, "worst": 4.0, "worst_cell": "a"}  # over the one cell that has it
+    f = tmp_path / "grid.json"
+    f.write_text(json.dumps(results))
+    assert mod.main([str(f)])["summary"] == s
+
+
+def test_decode_rows_fit_and_a_small_run() -> None:
+    """bench/decode_rows.py: the least-squares line by hand, then one tiny measurement."""
+    mod = load_script("bench/decode_rows.py", "bench_decode_rows")
+    # y = 2 + 0.5 x exactly at x = 0, 2, 4; then points (0, 0), (1, 1), (2, 1): slope
+    # sum((x - 1)(y - 2/3)) / sum((x - 1)^2) = (2/3 + 1/3) / 2 = 0.5, intercept 2/3 - 0.5 = 1/6
+    assert mod.fit([0.0, 2.0, 4.0], [2.0, 3.0, 4.0]) == (2.0, 0.5)
+    a, b = mod.fit([0.0, 1.0, 2.0], [0.0, 1.0, 1.0])
+    assert math.isclose(a, 1 / 6) and math.isclose(b, 0.5)
+    res = mod.main(["--cells", "g-dense-32r-p8-t16", "--rows", "2", "4", "--steps", "3", "--rounds", "1",
+                    "--threads", "1"])
+    (r,) = res
+    assert r["threads"] == 1 and set(r["ms_per_step"]) == {2, 4}
+    assert all(v > 0 and math.isfinite(v) for v in r["ms_per_step"].values())
