@@ -5,7 +5,8 @@ is a fixed cost per step, paid again by every smaller batch a rollout is split i
     python bench/decode_rows.py --cells g-32m-32r-p8-t64 --rows 8 32 --steps 16
     python bench/decode_rows.py --matmul               # + fp32 / bf16 products at 32 and 568 rows
 
-Each model is a `bench/trl_compare.py` GRID cell's, saved and loaded with `from_pretrained`.
+Each model is a `bench/trl_compare.py` GRID cell's, saved, then loaded and set up as `gspo train`
+does (`load_policy`, grouped-query attention on the CPU).
 `gspo.rollout.decode` samples `--steps` tokens (EOS never drawn) from 7-token prompts of
 distinct rows at each row count; counts alternate within each of `--rounds` rounds and the
 best round is kept. The fit is ms per step = a + b * rows (least squares). Threads: the
@@ -58,15 +59,16 @@ def matmul_rates(threads: int, rows=(32, 568), k: int = 512, n: int = 2048, weig
 
 
 def measure(cell: str, rows: list[int], steps: int, rounds: int, threads: int | None) -> dict:
-    from transformers import AutoModelForCausalLM
-
+    from gspo.models import load_policy, use_cpu_gqa_attention
     from gspo.models.logprobs import layer_weights
     from gspo.rollout import decode
     from gspo.train.run import COMPUTE_BOUND_LAYER_WEIGHTS
 
     with tempfile.TemporaryDirectory(prefix="decode-rows-") as tmp:
         build_model_dir(Path(tmp), GRID[cell])
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+        model, _ = load_policy(tmp, dtype="float32", device="cpu", trust_remote_code=False)  # as gspo train does
+    use_cpu_gqa_attention(model)
+    model.eval()
     cores = torch.multiprocessing.cpu_count()
     if threads is None:
         threads = min(cores, 4) if layer_weights(model, active=False) >= COMPUTE_BOUND_LAYER_WEIGHTS else 1

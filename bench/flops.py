@@ -5,6 +5,7 @@ precision each phase runs in (fp32, or bf16 under rollout.mixed_precision / mode
     python bench/flops.py --quick                         # seconds: the test's smoke run
     python bench/flops.py --out flops.json tiny.num_layers=6   # key=value overrides, as bench/step.py
     python bench/flops.py model.mixed_precision=bf16 rollout.mixed_precision=bf16   # the bf16 step
+    python bench/flops.py --model compute-dense           # a bench/trl_compare.py model, saved and loaded
 
 (a) Matmul peaks. fp32 and bf16 `torch.mm` (both measured in the same run; bf16 runs on AMX
 where the CPU has it) at the shapes the measured model runs (tokens x hidden times
@@ -58,10 +59,13 @@ gradient clipping and the loss; pi_old and generate include their Python overhea
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -387,6 +391,14 @@ def run(args, overrides: list[str]) -> dict:
         rec["threads"] = torch.get_num_threads()  # the run's own (threads_for_model may give a big model every core)
         steps.append(rec)
 
+    if args.model:  # a realistic layer (MLP 4x hidden), saved with save_pretrained and loaded by path
+        from trl_compare import WORKLOADS, build_model_dir
+
+        tmp = tempfile.mkdtemp(prefix="flops-model-")
+        atexit.register(shutil.rmtree, tmp, True)
+        model_dir = Path(tmp) / args.model
+        build_model_dir(model_dir, WORKLOADS[args.model])
+        overrides = [f"model.name_or_path={model_dir}", *overrides]
     res = bench_step.measure(None, [*(QUICK if args.quick else DEFAULT), *overrides], threads=args.threads,
                              warmup=args.warmup, rollouts=args.rollouts, repeats=1,
                              prepare=None if args.natural_length else bench_step.force_full_length, on_step=on_step)
@@ -432,7 +444,7 @@ def run(args, overrides: list[str]) -> dict:
         "pi_old_pad_share": 1 - sum(r["pi_old_real_tokens"] for r in recs) / max(sum(r["pi_old_positions_total"] for r in recs), 1),
         "update_pad_share_sorted4": 1 - real / sum(r["update_positions_sorted4"] for r in recs),
         "generate_pad_share": 1 - sum(r["generate_real_tokens"] for r in recs) / sum(r["generate_row_steps"] for r in recs),
-        "phases": phases, "wall_s": time.perf_counter() - t_start,
+        "phases": phases, "wall_s": time.perf_counter() - t_start, "model": args.model,
     }
 
 
@@ -444,7 +456,7 @@ def print_report(out: dict) -> None:
     for x, y in zip(out["matmul"], out["matmul_bf16"]):
         print(f"  {x['label']:<20}{x['m']:>6} x{x['k']:>6} . x{x['n']:>6}  {x['gflops']:8.1f} {y['gflops']:8.1f} GFLOP/s")
     print(f"  matmul peak: fp32 {out['matmul_peak_gflops']:.1f}, bf16 {out['matmul_peak_gflops_bf16']:.1f} GFLOP/s")
-    print(f"\n(b) tiny Qwen3: hidden {d['H']}, {d['layers']} layers, MLP {d['intermediate']}, attention width {d['A']}, "
+    print(f"\n(b) {out['model'] or 'tiny'} Qwen3: hidden {d['H']}, {d['layers']} layers, MLP {d['intermediate']}, attention width {d['A']}, "
           f"vocab {d['V']}, N = {d['N'] / 1e6:.2f}M matmul weights; {st['samples']} completions x "
           f"max_new_tokens {st['max_new_tokens']}, mean completion {out['mean_completion_tokens']:.1f} tokens; "
           f"{st['warmup']} warm-up + {st['rollouts']} timed steps")
@@ -482,6 +494,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--natural-length", action="store_true",
                     help="let completions end at EOS (not forced to max_new_tokens): shows the padding computed")
     ap.add_argument("--quick", action="store_true", help="a tiny shape, one step: seconds (for the test)")
+    ap.add_argument("--model", default=None, metavar="WORKLOAD",
+                    help="measure a bench/trl_compare.py WORKLOADS model (e.g. compute-dense: hidden 512, 8 layers, "
+                         "MLP 2048) instead of the built-in tiny one, whose MLP is 128 wide")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]

@@ -318,7 +318,7 @@ def _profile_top(prof, n: int = 25) -> list[str]:
     import pstats
 
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    pstats.Stats(prof, stream=s).sort_stats(os.environ.get("GSPO_PROFILE_SORT", "tottime")).print_stats(n)
     return [ln for ln in s.getvalue().splitlines() if ln.strip()][-n - 1:]
 
 

@@ -38,8 +38,10 @@ def scaling() -> ModuleType:
 def test_quick_runs(tmp_path: Path) -> None:
     """Both scripts run end to end in --quick mode (concurrently, to keep the test short)."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
-    outs = {name: tmp_path / f"{name}.json" for name in ("flops", "scaling")}
-    procs = {name: subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--out", str(out)],
+    outs = {name: tmp_path / f"{name}.json" for name in ("flops", "scaling", "flops-model")}
+    extra = {"flops-model": ["--model", "tiny-dense"]}  # a bench/trl_compare.py model, saved and loaded by path
+    procs = {name: subprocess.Popen([sys.executable, str(BENCH / f"{name.split('-')[0]}.py"), "--quick", "--out",
+                                     str(out), *extra.get(name, [])],
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, out in outs.items()}
     for name, p in procs.items():
@@ -54,6 +56,12 @@ def test_quick_runs(tmp_path: Path) -> None:
         assert x["precision"] == "fp32" and x["pct_of_peak"] == x["pct_of_fp32_peak"], phase  # the quick run is fp32
     for k in ("forward", "train", "generate"):
         assert f["cross_check"][k]["formula"] == f["cross_check"][k]["counted"], k
+    assert f["model"] is None and f["dims"]["V"] < 100  # the built-in tiny model: task characters only
+    m = json.loads(outs["flops-model"].read_text())
+    # trl_compare's tiny-dense: hidden 128, 2 layers, MLP 128, its 1,000-filler character vocabulary
+    assert m["model"] == "tiny-dense" and m["dims"]["V"] > 1000
+    assert (m["dims"]["H"], m["dims"]["layers"], m["dims"]["intermediate"]) == (128, 2, 128)
+    assert m["phases"]["update"]["gflop_per_step"] > 0
     s = json.loads(outs["scaling"].read_text())
     assert set(s["fits"]) == {"G", "length", "width"}
     for name, fit in s["fits"].items():
