@@ -10,8 +10,8 @@ does (`load_policy`, grouped-query attention on the CPU).
 `gspo.rollout.decode` samples `--steps` tokens (EOS never drawn) from 7-token prompts of
 distinct rows at each row count; counts alternate within each of `--rounds` rounds and the
 best round is kept. The fit is ms per step = a + b * rows (least squares). Threads: the
-count `gspo train` picks for the model (`threads_for_model`: 1, or every core up to 4 for a
-compute-bound model), unless --threads is given.
+count `gspo train` picks for the model (`setup_threads`, then `threads_for_model`: 1, or every
+core up to 4 for a compute-bound model), unless --threads is given.
 """
 
 from __future__ import annotations
@@ -59,19 +59,19 @@ def matmul_rates(threads: int, rows=(32, 568), k: int = 512, n: int = 2048, weig
 
 
 def measure(cell: str, rows: list[int], steps: int, rounds: int, threads: int | None) -> dict:
+    from gspo.config import Config
     from gspo.models import load_policy, use_cpu_gqa_attention
-    from gspo.models.logprobs import layer_weights
     from gspo.rollout import decode
-    from gspo.train.run import COMPUTE_BOUND_LAYER_WEIGHTS
+    from gspo.train.run import setup_threads, threads_for_model
 
     with tempfile.TemporaryDirectory(prefix="decode-rows-") as tmp:
         build_model_dir(Path(tmp), GRID[cell])
         model, _ = load_policy(tmp, dtype="float32", device="cpu", trust_remote_code=False)  # as gspo train does
     use_cpu_gqa_attention(model)
     model.eval()
-    cores = torch.multiprocessing.cpu_count()
-    if threads is None:
-        threads = min(cores, 4) if layer_weights(model, active=False) >= COMPUTE_BOUND_LAYER_WEIGHTS else 1
+    if threads is None:  # what gspo train picks for this model
+        setup_threads(0)
+        threads = threads_for_model(Config(), model)
     torch.set_num_threads(threads)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)

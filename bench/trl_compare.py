@@ -47,7 +47,7 @@ mean completion length of each side is reported, and so are completion tokens/s.
 Measurement. Each (framework, round) cell is a fresh subprocess (bench/trl_cells.py) with
 OMP_WAIT_POLICY=PASSIVE; TRL runs at each of --trl-threads torch threads (default 1) and each round
 takes its fastest, gspo at its own default (1 thread on <= 4 cores, every core for a model of
->= 0.75M weights a decoder layer: gspo.train.run.threads_for_model). Start-up (imports, model load, trainer set-up) and
+>= 0.75M weights in a decoder layer or the LM head: gspo.train.run.threads_for_model). Start-up (imports, model load, trainer set-up) and
 --warmup rollouts are not timed; then --rollouts rollouts are. A rollout's wall time runs from the
 end of one rollout to the end of the next: generation, reward, pi_old pass, the M optimizer steps
 and the framework's own bookkeeping between them. TRL: timestamps at on_step_end of every M-th
@@ -116,7 +116,11 @@ GRID: dict[str, dict] = {
     "g-32m-32r-p8-t64": dict(WORKLOADS["compute-dense"], B=4, G=8, T=64),
 }
 WORKLOADS.update(GRID)
-SCHEDULE.update({n: (1, 3, 3) for n in GRID})
+# A real tokenizer's vocabulary (32k entries, as Llama 2 / Mistral have): the LM head and the
+# sampler weigh as they do for a small real model. Not in GRID (the grid's figures predate it).
+WORKLOADS["g-dense-64r-p8-t32-v32k"] = dict(TINY_D, B=8, G=8, T=32, filler=32000)
+WORKLOADS["g-moe-64r-p8-t32-v32k"] = dict(TINY_M, B=8, G=8, T=32, filler=32000)
+SCHEDULE.update({n: (1, 3, 3) for n in WORKLOADS if n.startswith("g-")})
 QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
 M = 4  # optimizer steps (minibatches) per rollout
 LR = 1e-5

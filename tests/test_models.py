@@ -417,3 +417,45 @@ def test_cpu_gqa_attention_gives_the_same_numbers(tok, moe):
         got.append((out.detach(), m.model.layers[0].self_attn.k_proj.weight.grad, r.sampler_logp))
     for a, b in zip(*got):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+
+
+def _qwen3(vocab: int, hidden: int = 128, tie: bool = False):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                        tie_word_embeddings=tie))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_large_vocabulary_makes_a_small_model_compute_bound(monkeypatch, tie):
+    """The thread default counts the LM head: hidden 128 with 32,000 tokens multiplies each
+    token by 4.1M head weights (0.1M a layer), so on a 2-core machine it gets both cores; the
+    same body with 1,000 tokens (0.13M head weights) keeps one."""
+    from gspo.config import Config
+    from gspo.models.logprobs import layer_weights
+    from gspo.train.run import COMPUTE_BOUND_LAYER_WEIGHTS, compute_weights, threads_for_model
+
+    big, small = _qwen3(32_000, tie=tie), _qwen3(1_000, tie=tie)
+    layer = layer_weights(small, active=False)
+    # one layer: q 128x128, k and v 128x64, o 128x128, MLP 3 x 128x128, norms 2x128 + q/k 2x32
+    assert layer == 128 * 128 * 2 + 128 * 64 * 2 + 3 * 128 * 128 + 2 * 128 + 2 * 32
+    assert compute_weights(big) == 128 * 32_000 >= COMPUTE_BOUND_LAYER_WEIGHTS > layer
+    assert compute_weights(small) == 128 * 1_000 < COMPUTE_BOUND_LAYER_WEIGHTS  # the head, still under
+    before = torch.get_num_threads()
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        for model, cfg, want in [(small, Config(), 1), (big, Config(), 2),
+                                 (big, Config(threads=1), 1),  # set by the user: kept
+                                 (big, _async(Config()), 1)]:  # async: a core a process
+            torch.set_num_threads(1)
+            assert threads_for_model(cfg, model) == want == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _async(cfg):
+    cfg.rollout.mode = "async"
+    return cfg

@@ -50,24 +50,35 @@ def setup_threads(n: int = 0) -> int:
     return n
 
 
-# Weights per decoder layer from which a model counts as compute-bound for the thread default:
+# Weights per call from which a model counts as compute-bound for the thread default:
 # the hidden-512 shape of docs/benchmarks.md's thread table (~1M a layer) ran 1.27x faster with 2
 # PASSIVE threads than with 1 on an idle 2-core VM and 1.04x slower with a core busy; the demo's
 # model (~0.1M) ran 1.41x slower; bench/trl_compare.py --grid's 32M cell (3.9M a layer) lost to
-# TRL at 2 threads while gspo ran 1.
+# TRL at 2 threads while gspo ran 1. The LM head counts too: hidden 128 with a 32k vocabulary
+# (4.1M head weights, 0.1M a layer) ran 1.06-1.52x faster a rollout with 2 threads.
 COMPUTE_BOUND_LAYER_WEIGHTS = 750_000
+
+
+def compute_weights(model) -> float:
+    """The larger of one decoder layer's weights and the LM head's: what one call of the model's
+    biggest part multiplies each token by. The head is the bigger on a small model with a real
+    tokenizer's vocabulary (hidden 128 x 32,000 = 4.1M against 0.1M a layer)."""
+    from gspo.models import base_model
+    from gspo.models.logprobs import layer_weights
+
+    head = base_model(model).get_output_embeddings()
+    weight = getattr(head, "weight", None) if head is not None else None
+    return max(layer_weights(model, active=False), float(weight.numel()) if weight is not None else 0.0)
 
 
 def threads_for_model(cfg: Config, model) -> int:
     """After the model loads: with `threads` auto on a machine of <= 4 cores (one thread by
-    default, `setup_threads`), a compute-bound model gets every core (sync mode only; async
-    mode's processes take a core each). Returns the thread count in force."""
-    from gspo.models.logprobs import layer_weights
-
+    default, `setup_threads`), a compute-bound model (`compute_weights`) gets every core (sync
+    mode only; async mode's processes take a core each). Returns the thread count in force."""
     cores = os.cpu_count() or 1
     if cfg.threads > 0 or "OMP_NUM_THREADS" in os.environ or cores > 4 or cores < 2 or cfg.rollout.mode == "async":
         return torch.get_num_threads()
-    if layer_weights(model, active=False) >= COMPUTE_BOUND_LAYER_WEIGHTS:
+    if compute_weights(model) >= COMPUTE_BOUND_LAYER_WEIGHTS:
         torch.set_num_threads(cores)
     return torch.get_num_threads()
 
