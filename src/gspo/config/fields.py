@@ -309,7 +309,9 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     seed: int = doc(0, "seed for data order, sampling and initialisation")
-    threads: int = doc(0, "torch CPU threads (0 = auto: 1 on machines with <= 4 cores, else cores/2)")
+    threads: int = doc(0, "torch CPU threads (0 = auto: 1 on machines with <= 4 cores, every core there for a "
+                       "compute-bound model in sync mode (>= 0.75M weights in a decoder layer or the LM head); "
+                       "else cores/2)")
     resume: str = doc("none", "none | auto (newest complete checkpoint of the run directory) | PATH to a checkpoint")
 
     @property
