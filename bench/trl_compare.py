@@ -120,6 +120,8 @@ WORKLOADS.update(GRID)
 # sampler weigh as they do for a small real model. Not in GRID (the grid's figures predate it).
 WORKLOADS["g-dense-64r-p8-t32-v32k"] = dict(TINY_D, B=8, G=8, T=32, filler=32000)
 WORKLOADS["g-moe-64r-p8-t32-v32k"] = dict(TINY_M, B=8, G=8, T=32, filler=32000)
+# Long completions (256 tokens, EOS rare): the decode's attention and cache grow with every step.
+WORKLOADS["g-dense-32r-p8-t256"] = dict(TINY_D, B=4, G=8, T=256)
 SCHEDULE.update({n: (1, 3, 3) for n in WORKLOADS if n.startswith("g-")})
 QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
 M = 4  # optimizer steps (minibatches) per rollout
