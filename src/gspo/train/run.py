@@ -66,7 +66,7 @@ def compute_weights(model) -> float:
     from gspo.models import base_model
     from gspo.models.logprobs import layer_weights
 
-    head = base_model(model).get_output_embeddings()
+    head = getattr(base_model(model), "get_output_embeddings", lambda: None)()  # (a remote-code model may lack it)
     weight = getattr(head, "weight", None) if head is not None else None
     return max(layer_weights(model, active=False), float(weight.numel()) if weight is not None else 0.0)
 
