@@ -17,6 +17,7 @@ core up to 4 for a compute-bound model), unless --threads is given.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -32,10 +33,8 @@ DEFAULT_CELLS = ["g-dense-32r-p8-t16", "g-moe-32r-p8-t16", "g-32m-32r-p8-t64"]
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """(a, b) of the least-squares line y = a + b x."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
 
 
 def matmul_rates(threads: int, rows=(32, 568), k: int = 512, n: int = 2048, weights: int = 16) -> dict:

@@ -371,6 +371,7 @@ def _metrics(loss, high, low, tok_lr, seq_ratio, mask, lengths, max_log_ratio):
     any_seq = nonempty.any()
     lr = tok_lr.clamp(-max_log_ratio, max_log_ratio)  # (B, T)
     k3 = torch.where(mask, torch.expm1(lr) - lr, 0.0)  # (B, T) r - 1 - log r
+    lr_valid = torch.where(mask, lr, 0.0).double()  # (B, T) log w_t, 0 on padding
     s = seq_ratio  # (B,)
     values = torch.stack([v.double() for v in (
         loss,
@@ -383,7 +384,7 @@ def _metrics(loss, high, low, tok_lr, seq_ratio, mask, lengths, max_log_ratio):
         torch.where(any_seq, torch.where(nonempty, s, -math.inf).max(), 1.0),
         k3.sum() / n_tok,
         lengths.sum().double() / lengths.numel(),
-        torch.where(mask, lr, 0.0).double().sum() / n_tok,
-        torch.where(mask, lr, 0.0).double().square().sum() / n_tok,
+        lr_valid.sum() / n_tok,
+        lr_valid.square().sum() / n_tok,
     )]).tolist()  # one device sync for all metrics
     return dict(zip(("loss", *ROW_METRICS), values))
