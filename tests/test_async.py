@@ -21,6 +21,7 @@ from gspo.rollout import Rollout
 from gspo.train import async_job, async_mode, async_wire
 from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
 from test_resume import TINY, _env, gspo_train, metrics_without_timings
+from zygote import gspo_popen
 
 ASYNC = ["rollout.mode=async"]
 
@@ -103,16 +104,17 @@ def _gone(pid: int) -> bool:
 
 
 def test_generators_stop_when_the_learner_is_killed(tmp_path):
-    cmd = [sys.executable, "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC,
-           "rollout.generators=1", "schedule.rollouts=400"]
-    learner = subprocess.Popen(cmd, env=_env(), stderr=subprocess.PIPE, text=True)
+    learner = gspo_popen(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC, "rollout.generators=1",
+                          "schedule.rollouts=400"], env=_env())
     pids = []
-    for line in learner.stderr:  # "async mode: generator 1 started (pid N)"
-        if "started (pid" in line:
-            pids.append(int(line.rsplit("pid ", 1)[1].rstrip(")\n")))
-            break
-    assert pids, "no generator started"
     deadline = time.monotonic() + 120
+    while not pids and learner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for line in learner.read_stderr().splitlines():  # "async mode: generator 1 started (pid N)"
+            if "started (pid" in line:
+                pids.append(int(line.rsplit("pid ", 1)[1].rstrip(")")))
+                break
+    assert pids, "no generator started"
     while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # training is under way
     assert not _gone(pids[0])

@@ -19,6 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from zygote import gspo
+
 TESTS = Path(__file__).parent
 REWARD = "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"  # moves a random model
 RUN = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.temperature=1.5",
@@ -35,9 +37,11 @@ def _env(faults: str = "") -> dict:
 
 
 def launch(out: Path, name: str, *extra: str, nproc: int = 1, faults: str = "") -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "gspo"] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gspo"]
-    cmd = [*launcher, "train", *RUN, f"output.dir={out}", f"output.name={name}", *extra]
+    """`gspo train` on one process (forked, tests/zygote.py), or under torchrun on `nproc`."""
+    args = ["train", *RUN, f"output.dir={out}", f"output.name={name}", *extra]
+    if nproc == 1:
+        return gspo(args, env=_env(faults), timeout=600)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gspo", *args]
     return subprocess.run(cmd, env=_env(faults), capture_output=True, text=True, timeout=600)
 
 
@@ -154,8 +158,7 @@ def test_sharded_checkpoint_refuses_a_single_process(runs, tmp_path):
     import shutil
 
     shutil.copytree(runs("fsdp"), tmp_path / "fsdp")
-    p = subprocess.run([sys.executable, "-m", "gspo", "train", *RUN, f"output.dir={tmp_path}", "output.name=fsdp",
-                        "resume=auto", "schedule.rollouts=4"], env=_env(), capture_output=True, text=True, timeout=300)
+    p = launch(tmp_path, "fsdp", "resume=auto", "schedule.rollouts=4")
     assert p.returncode == 1
     assert "sharded" in p.stderr and "torchrun" in p.stderr
 

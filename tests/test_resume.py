@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from gspo.cli import main
+from zygote import gspo, gspo_popen
 
 TESTS = Path(__file__).parent
 # 8 prompts at 4 per rollout: an epoch is 2 rollouts, so resuming after rollout 2 crosses an epoch boundary
@@ -35,8 +34,7 @@ def _env(faults: str = "") -> dict:
 
 def gspo_train(tmp_path: Path, name: str, *extra: str, faults: str = "", check: bool = True):
     env = _env(faults)
-    cmd = [sys.executable, "-m", "gspo", "train", *TINY, f"output.dir={tmp_path}", f"output.name={name}", *extra]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    p = gspo(["train", *TINY, f"output.dir={tmp_path}", f"output.name={name}", *extra], env=env, timeout=300)
     if check:
         assert p.returncode == 0, p.stderr[-3000:]
     return p
@@ -131,9 +129,8 @@ def test_corrupt_checkpoints_are_skipped_or_fatal(tmp_path):
 
 def test_sigterm_checkpoints_and_resumes(tmp_path):
     env = _env()
-    cmd = [sys.executable, "-m", "gspo", "train", *TINY, "schedule.rollouts=200", "checkpoint.every=0",
-           f"output.dir={tmp_path}", "output.name=run"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = gspo_popen(["train", *TINY, "schedule.rollouts=200", "checkpoint.every=0", f"output.dir={tmp_path}",
+                       "output.name=run"], env=env)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):

@@ -21,6 +21,7 @@ import pytest
 from gspo.cli import main
 from gspo.config import ConfigError, load_config
 from gspo.report.sinks import read_metrics
+from zygote import gspo
 
 TESTS = Path(__file__).parent
 ALL = "logging.report_to=[tensorboard,wandb,trackio,mlflow]"
@@ -30,14 +31,14 @@ TINY = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",       
 
 
 def gspo_train(tmp: Path, name: str, *extra: str, faults: str = "") -> subprocess.CompletedProcess:
-    """`gspo train` in a process of its own: trackio reads TRACKIO_DIR at import, W&B must see no
+    """`gspo train` in a process of its own (forked from one that has imported torch and gspo but
+    no tracker, tests/zygote.py): trackio reads TRACKIO_DIR at import, W&B must see no
     API key (NETRC points nowhere) to go offline."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TRACKIO_"))}
     env.update(OMP_WAIT_POLICY="PASSIVE", GSPO_FAULTS=faults, PYTHONPATH=str(TESTS), NETRC=str(tmp / "no-netrc"),
                TRACKIO_DIR=str(tmp / "trackio"), WANDB_SILENT="true", WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
                WANDB_DATA_DIR=str(tmp / "wandb-data"), WANDB_CONFIG_DIR=str(tmp / "wandb-config"))
-    cmd = [sys.executable, "-m", "gspo", "train", *TINY, ALL, f"output.dir={tmp}", f"output.name={name}", *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return gspo(["train", *TINY, ALL, f"output.dir={tmp}", f"output.name={name}", *extra], env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")

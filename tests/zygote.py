@@ -1,0 +1,242 @@
+"""Run `gspo` commands in processes forked from one that has already imported torch,
+transformers and gspo (a fork server), instead of a fresh `python -m gspo` each time.
+
+Why: a fresh interpreter spends ~4-6 s of CPU importing torch and transformers before a tiny
+test run does ~1 s of work, and the suite starts well over a hundred of them. A forked child is
+still a separate process: it gets its own pid, exit status, signals (SIGKILL, SIGTERM), open
+files and output, so kill-and-resume tests test what they did. It runs `gspo.cli.main` as
+`python -m gspo` does and exits through the interpreter's normal shutdown (atexit handlers,
+non-daemon threads joined, buffers flushed).
+
+What a fresh interpreter would read from the environment at import time is set again in the
+child where gspo depends on it: the environment itself, the working directory, `PYTHONPATH`
+(put on `sys.path`), `OMP_NUM_THREADS` (torch's thread count) and the random seeds of `random`
+and numpy. Commands that must run as a user types them (the README's, the console script,
+torchrun) keep real subprocesses.
+
+    p = gspo(["train", "k=v", ...], env=env)              # like subprocess.run(capture_output=True)
+    h = gspo_popen(["train", ...], env=env); h.kill()     # like subprocess.Popen
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+PRELOAD = ("torch", "transformers", "transformers.models.qwen3.modeling_qwen3", "safetensors.torch", "omegaconf",
+           "gspo.cli", "gspo.config", "gspo.train", "gspo.train.run", "gspo.train.loop", "gspo.train.checkpoint",
+           "gspo.models", "gspo.models.tiny", "gspo.rollout", "gspo.rewards", "gspo.rewards.runner", "gspo.data")
+
+
+# --- the server side -----------------------------------------------------------------------------
+
+def _serve() -> dict:
+    """The fork server's loop: read one JSON request a line from stdin, fork, reply with the
+    child's pid; reap children and reply with their exit status. Returns only in a child, with
+    its request."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    inp, out = sys.stdin.fileno(), sys.stdout.fileno()
+    running: set[int] = set()
+
+    def reply(msg: dict) -> None:
+        os.write(out, (json.dumps(msg) + "\n").encode())
+
+    def reap() -> None:
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                running.discard(pid)
+                reply({"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+    reply({"ready": os.getpid()})
+    buf = b""
+    while True:
+        ready, _, _ = select.select([inp], [], [], 0.05)
+        reap()
+        if not ready:
+            continue
+        chunk = os.read(inp, 65536)
+        if not chunk:  # the test process is gone: stop (children run on to their end)
+            os._exit(0)
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                return req
+            running.add(pid)
+            reply({"started": pid, "id": req["id"]})
+
+
+def _child(req: dict) -> None:
+    """Become `python -m gspo ARGV` with the request's environment, directory and output files."""
+    import random
+
+    import numpy as np
+    import torch
+
+    env = req["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(req["cwd"])
+    for path in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    if env.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    random.seed()
+    np.random.seed()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(f, fd)
+        os.close(f)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = ["gspo", *req["argv"]]
+    from gspo.cli import main
+
+    sys.exit(main(req["argv"]))
+
+
+def server_main() -> None:
+    _child(_serve())
+
+
+# --- the test side -------------------------------------------------------------------------------
+
+class _Server:
+    """One fork server per test process, started on first use."""
+
+    def __init__(self):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                             *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.proc = subprocess.Popen([sys.executable, "-c", "import zygote; zygote.server_main()"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.started: dict[int, int] = {}  # request id -> pid
+        self.exits: dict[int, int] = {}    # pid -> return code
+        self.next_id = 0
+        first = json.loads(self.proc.stdout.readline())
+        assert "ready" in first, first
+        threading.Thread(target=self._read, daemon=True).start()
+        atexit.register(self.proc.stdin.close)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.cond:
+                if "started" in msg:
+                    self.started[msg["id"]] = msg["started"]
+                else:
+                    self.exits[msg["exit"]] = msg["rc"]
+                self.cond.notify_all()
+
+    def start(self, argv: list[str], env: dict, cwd: str, stdout: str, stderr: str) -> int:
+        with self.lock:
+            rid = self.next_id
+            self.next_id += 1
+            req = {"id": rid, "argv": list(map(str, argv)), "env": env, "cwd": cwd, "stdout": stdout,
+                   "stderr": stderr}
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        with self.cond:
+            self.cond.wait_for(lambda: rid in self.started, timeout=60)
+            return self.started[rid]
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        with self.cond:
+            self.cond.wait_for(lambda: pid in self.exits, timeout=timeout)
+            return self.exits.get(pid)
+
+
+_server: _Server | None = None
+
+
+def _get_server() -> _Server:
+    global _server
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server()
+    return _server
+
+
+class GspoProcess:
+    """A running `gspo` command (what `subprocess.Popen` offers that the tests use). Its stdout
+    and stderr go to files, readable while it runs (`read_stderr`)."""
+
+    def __init__(self, argv, env=None, cwd=None):
+        self.args = ["gspo", *map(str, argv)]
+        self._dir = tempfile.mkdtemp(prefix="gspo-zygote-")
+        self._out, self._err = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
+        env = dict(os.environ if env is None else env)
+        self.pid = _get_server().start(list(argv), env, os.path.abspath(cwd or os.getcwd()), self._out, self._err)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = _get_server().wait(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = _get_server().wait(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def read_stdout(self) -> str:
+        return Path(self._out).read_text() if os.path.exists(self._out) else ""
+
+    def read_stderr(self) -> str:
+        return Path(self._err).read_text() if os.path.exists(self._err) else ""
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait()
+            raise
+        out, err = self.read_stdout(), self.read_stderr()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return out, err
+
+
+def gspo_popen(argv, env=None, cwd=None) -> GspoProcess:
+    return GspoProcess(argv, env=env, cwd=cwd)
+
+
+def gspo(argv, env=None, cwd=None, timeout: float | None = 600) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, -m, gspo, *argv], capture_output=True, text=True)`, forked."""
+    p = GspoProcess(argv, env=env, cwd=cwd)
+    out, err = p.communicate(timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
