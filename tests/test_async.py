@@ -21,7 +21,7 @@ from gspo.rollout import Rollout
 from gspo.train import async_job, async_mode, async_wire
 from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
 from test_resume import TINY, _env, gspo_train, metrics_without_timings
-from zygote import gspo_popen
+from zygote import gspo_popen, gspo_torchrun
 
 ASYNC = ["rollout.mode=async"]
 
@@ -197,9 +197,9 @@ def test_torchrun_assigns_the_last_ranks_to_generators(runs, tmp_path):
 
 
 def torchrun(out: Path, name: str, nproc: int, *extra: str, faults: str = "", rc: int = 0) -> Path:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "gspo", "train", *TINY, f"output.dir={out}", f"output.name={name}", *extra]
-    p = subprocess.run(cmd, env=_env(faults), capture_output=True, text=True, timeout=300)
+    """As torchrun runs it, the ranks forked (tests/zygote.py); the test above keeps the real one."""
+    p = gspo_torchrun(nproc, ["train", *TINY, f"output.dir={out}", f"output.name={name}", *extra], env=_env(faults),
+                      timeout=300)
     assert (p.returncode == 0) == (rc == 0), p.stderr[-3000:]
     return out / name
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from zygote import gspo
+from zygote import gspo, gspo_torchrun
 
 TESTS = Path(__file__).parent
 REWARD = "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"  # moves a random model
@@ -37,12 +36,11 @@ def _env(faults: str = "") -> dict:
 
 
 def launch(out: Path, name: str, *extra: str, nproc: int = 1, faults: str = "") -> subprocess.CompletedProcess:
-    """`gspo train` on one process (forked, tests/zygote.py), or under torchrun on `nproc`."""
+    """`gspo train` on one process, or as torchrun runs it on `nproc` (both forked, tests/zygote.py)."""
     args = ["train", *RUN, f"output.dir={out}", f"output.name={name}", *extra]
     if nproc == 1:
         return gspo(args, env=_env(faults), timeout=600)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "gspo", *args]
-    return subprocess.run(cmd, env=_env(faults), capture_output=True, text=True, timeout=600)
+    return gspo_torchrun(nproc, args, env=_env(faults), timeout=600)
 
 
 def train(out: Path, name: str, *extra: str, nproc: int = 1) -> Path:

@@ -205,7 +205,10 @@ class GspoProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended (and reaped by the server) since poll(), as Popen allows
+                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -240,3 +243,53 @@ def gspo(argv, env=None, cwd=None, timeout: float | None = 600) -> subprocess.Co
     p = GspoProcess(argv, env=env, cwd=cwd)
     out, err = p.communicate(timeout)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def gspo_torchrun(nproc: int, argv, env=None, cwd=None, timeout: float | None = 600) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node NPROC -m gspo ARGV`, its ranks forked.
+
+    This process plays torchrun's agent: it hosts the job's TCPStore on 127.0.0.1 (the ranks'
+    `env://` rendezvous joins it as torchrun's agent store), gives each rank the environment
+    torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_*, and
+    OMP_NUM_THREADS=1 unless set), and when one rank fails stops the others (SIGTERM, then
+    SIGKILL after a grace) and returns 1. Output: each rank's stdout and stderr in rank order.
+    The README's torchrun command and one async test keep the real torchrun."""
+    import time
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, nproc + 1, is_master=True, wait_for_workers=False)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    procs = []
+    for rank in range(nproc):
+        renv = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                "ROLE_NAME": "default", "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        procs.append(GspoProcess(argv, env=renv, cwd=cwd))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed = False
+    while any(p.poll() is None for p in procs):
+        failed = any(p.poll() not in (None, 0) for p in procs)
+        if failed or (deadline is not None and time.monotonic() > deadline):
+            break
+        time.sleep(0.05)
+    timed_out = not failed and any(p.poll() is None for p in procs)
+    for p in procs:  # torchrun's stop: SIGTERM, then SIGKILL after its grace
+        if p.poll() is None:
+            p.terminate()
+    grace = time.monotonic() + 30
+    while any(p.poll() is None for p in procs) and time.monotonic() < grace:
+        time.sleep(0.05)
+    for p in procs:
+        p.kill()
+        p.wait()
+    outs = [p.communicate() for p in procs]
+    del store
+    if timed_out:
+        raise subprocess.TimeoutExpired(["torchrun", *map(str, argv)], timeout)
+    rc = 0 if all(p.returncode == 0 for p in procs) else 1
+    return subprocess.CompletedProcess(["torchrun", f"--nproc-per-node={nproc}", "-m", "gspo", *map(str, argv)], rc,
+                                       "".join(o for o, _ in outs), "".join(e for _, e in outs))
