@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from zygote import gspo
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
@@ -58,16 +59,23 @@ def test_setup_is_two_commands_that_take_the_cpu_wheel():
 
 
 def run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The command's gspo part, as written plus SHRINK: `gspo demo` and torchrun in processes of
+    their own, the rest forked (tests/zygote.py), which runs what the `gspo` script runs
+    (`gspo.cli.main`) without a fresh interpreter's imports."""
     g = gspo_part(cmd)
     key = next(k for k in SHRINK if g.startswith(k))
     words = shlex.split(g)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     if key == "torchrun":  # torchrun OPTIONS -m gspo ARGS; --standalone picks a free port
         at = words.index("-m")
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:at], *words[at:],
                 *SHRINK[key]]
-    else:
+    elif key == "gspo demo":
         argv = [sys.executable, "-m", "gspo", *words[1:], *SHRINK[key]]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    else:
+        p = gspo([*words[1:], *SHRINK[key]], env=env, cwd=cwd, timeout=600)
+        assert p.returncode == 0, (cmd, p.stderr[-3000:])
+        return p
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (cmd, p.stderr[-3000:])
     return p

@@ -11,11 +11,14 @@ non-daemon threads joined, buffers flushed).
 What a fresh interpreter would read from the environment at import time is set again in the
 child where gspo depends on it: the environment itself, the working directory, `PYTHONPATH`
 (put on `sys.path`), `OMP_NUM_THREADS` (torch's thread count) and the random seeds of `random`
-and numpy. Commands that must run as a user types them (the README's, the console script,
-torchrun) keep real subprocesses.
+and numpy. Async mode's generator processes, which gspo spawns as `python -c ...`, are forked
+from their learner instead (still its children). A few commands keep real processes, so the
+path a user types is tested too: `gspo demo`, the console script, and torchrun (the README's
+and one async test).
 
     p = gspo(["train", "k=v", ...], env=env)              # like subprocess.run(capture_output=True)
     h = gspo_popen(["train", ...], env=env); h.kill()     # like subprocess.Popen
+    p = gspo_torchrun(2, ["train", ...], env=env)         # like torchrun --nproc-per-node 2 -m gspo
 """
 
 from __future__ import annotations
@@ -113,8 +116,107 @@ def _child(req: dict) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     sys.argv = ["gspo", *req["argv"]]
     from gspo.cli import main
+    from gspo.train import async_job
 
+    async_job.subprocess = _ForkingSubprocess  # async mode's generators: forked from the learner too
     sys.exit(main(req["argv"]))
+
+
+class _ForkedPopen:
+    """`subprocess.Popen([python, "-c", CODE], env=ENV, stdin=PIPE)` as a fork of this process
+    (the learner) that runs CODE: still the learner's child, with its own pid, exit status and
+    signals, its stdin a pipe, its stdout and stderr the learner's, as a spawned one's are."""
+
+    def __init__(self, cmd, env):
+        for f in (sys.stdout, sys.stderr):
+            f.flush()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            os.dup2(r, 0)
+            os.close(r)
+            _run_code(cmd[2], env)
+        os.close(r)
+        self.args, self.pid, self.returncode = cmd, pid, None
+        self.stdin = os.fdopen(w, "wb")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def _run_code(code: str, env: dict) -> None:
+    """In a forked child: run CODE as `python -c CODE` would, then end as the interpreter does
+    (non-daemon threads joined, atexit handlers run, streams flushed) with its exit status."""
+    import atexit
+    import random
+    import traceback
+
+    import numpy as np
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.stdin = open(0, closefd=False)
+    sys.argv = ["-c"]
+    random.seed()
+    np.random.seed()
+    rc = 0
+    try:
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            rc = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            rc = 1
+    except BaseException:
+        traceback.print_exc()
+        rc = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        for f in (sys.stdout, sys.stderr):
+            f.flush()
+    finally:
+        os._exit(rc)
+
+
+class _ForkingSubprocess:
+    """What gspo.train.async_job uses of `subprocess`, its `python -c` generators forked."""
+
+    PIPE = subprocess.PIPE
+    TimeoutExpired = subprocess.TimeoutExpired
+
+    @staticmethod
+    def Popen(cmd, env=None, stdin=None, **kw):
+        if cmd[:2] == [sys.executable, "-c"] and stdin == subprocess.PIPE and not kw \
+                and threading.active_count() == 1:
+            return _ForkedPopen(cmd, dict(os.environ if env is None else env))
+        return subprocess.Popen(cmd, env=env, stdin=stdin, **kw)
 
 
 def server_main() -> None:
