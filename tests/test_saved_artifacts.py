@@ -92,6 +92,20 @@ def test_train_and_eval_a_saved_checkpoint(family, saved, tmp_path, capsys):
     assert m["eval/num_prompts"] == 4 and 0 <= m["eval/accuracy"] <= 1
 
 
+def test_a_lora_run_with_evaluation_keeps_the_checkpoints_generation_config(saved, tmp_path):
+    """peft's `generate` copies the wrapper's generation config into the model it wraps; the
+    clean one that sampling and greedy evaluation run under must not stay there and be saved
+    with the merged model: final/ keeps the checkpoint's EOS list, pad and sampling defaults."""
+    src = saved("qwen3")
+    run_dir = train(src, tmp_path, "data.source=arithmetic", "lora.enabled=true", "lora.r=4")
+    want = json.loads((Path(src) / "generation_config.json").read_text())
+    got = json.loads((run_dir / "final" / "generation_config.json").read_text())
+    assert isinstance(want["eos_token_id"], list) and len(want["eos_token_id"]) == 2
+    for k in ("eos_token_id", "pad_token_id", "temperature", "top_p", "top_k", "repetition_penalty"):
+        assert got.get(k) == want.get(k), k
+    assert (run_dir / "final" / "adapter").is_dir()
+
+
 TEMPLATE_START = {"llama": "<s>[INST] ", "mistral": "<s>[INST] ", "gemma2": "<bos><start_of_turn>user\n",
                   "qwen3": "<|im_start|>system\n"}
 

@@ -151,16 +151,25 @@ def generation_mode(model):
     """What sampling and greedy evaluation run under: every module in eval mode (`eval_mode`)
     and a clean generation config, since transformers fills every field a `generate` call
     leaves unset from the checkpoint's own (a shipped repetition penalty, Qwen's 1.05, or a
-    no-repeat n-gram size would act). Both are restored after the block."""
+    no-repeat n-gram size would act). Both are restored after the block, on every module that
+    holds a generation config: a peft wrapper's `generate` copies its own into the model it
+    wraps, which would otherwise keep the clean one (and save it with the merged model)."""
     from transformers import GenerationConfig
 
-    saved = getattr(model, "generation_config", None)
+    saved = {id(m): (m, vars(m).get("generation_config", _ABSENT)) for m in model.modules()}
     model.generation_config = GenerationConfig()
     try:
         with eval_mode(model):
             yield model
     finally:
-        model.generation_config = saved
+        for m, cfg in saved.values():
+            if cfg is not _ABSENT:
+                vars(m)["generation_config"] = cfg
+            else:
+                vars(m).pop("generation_config", None)
+
+
+_ABSENT = object()
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
