@@ -302,3 +302,46 @@ def test_training_on_a_saved_mixtral_logs_routes_and_replays(tmp_path):
     # the first minibatch's routes are its own; some later step sees routes the updates moved
     # (a step whose groups all got equal rewards has no gradient and moves nothing)
     assert m[0]["routing/changed_frac"] == 0.0 and max(x["routing/changed_frac"] for x in m[1:]) > 0
+
+
+def _deepseek_v3(vocab: int):
+    """A tiny DeepSeek-V3 (`DeepseekV3TopkRouter`: sigmoid scores, expert groups, a scaling
+    factor): every layer MoE, 4 experts in 2 groups, top-2."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = DeepseekV3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                           num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
+                           first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=4,
+                           qk_nope_head_dim=4, v_head_dim=8, max_position_embeddings=64, eos_token_id=1,
+                           pad_token_id=0, bos_token_id=None)
+    return DeepseekV3ForCausalLM(cfg).eval()
+
+
+def test_deepseek_v3_routes_are_tracked_and_softmax_only_rules_refused():
+    """The DeepSeek-V3 line spells its router `*TopkRouter`, with the same (logits, weights,
+    experts) output: its routes are recorded and compared. Replay's gate-weight rule and the
+    Switch load-balancing loss are softmax ones, which its sigmoid gates are not: both refused."""
+    tok = build_char_tokenizer()
+    model = _deepseek_v3(len(tok))
+    routers = find_routers(model)
+    assert [type(r).__name__ for r in routers] == ["DeepseekV3TopkRouter"] * 2
+    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        _pass(tracker, lp, ids, mask, "capture")
+        _pass(tracker, lp, ids, mask, "compare")
+        assert tracker.take_metrics()["routing/changed_frac"] == 0.0
+        for r in routers:
+            r.weight.add_(torch.randn_like(r.weight) * 5.0)
+        _pass(tracker, lp, ids, mask, "compare")
+    assert 0.0 < tracker.take_metrics()["routing/changed_frac"] <= 1.0
+    with torch.no_grad(), pytest.raises(ConfigError, match="'algo.routing_replay': DeepseekV3TopkRouter computes gate"):
+        _pass(tracker, lp, ids, mask, "compare", replay=True)
+    tracker.aux = True
+    with pytest.raises(ConfigError, match="'algo.router_aux_loss_coef': DeepseekV3TopkRouter does not gate with a"):
+        _pass(tracker, lp, ids, mask, "compare")

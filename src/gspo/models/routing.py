@@ -4,7 +4,8 @@ between π_old and π_θ, and Routing Replay.
 GSPO's stability claim on MoE models (paper §2.3 / §5.3) is that about 10% of routes change
 after one gradient update, which moves GRPO's token ratios but barely moves GSPO's sequence
 ratio. `RouteTracker` makes that measurable on any Hugging Face MoE whose routers follow
-transformers' `*TopKRouter` contract (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and ~25 others):
+transformers' `*TopKRouter` contract (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and ~25 others; the
+DeepSeek-V2/V3 line's `*TopkRouter` too, for route metrics and R3):
 ``router(h) -> (logits (n, E), scores (n, k), indices (n, k))``.
 
 - `capture`: the π_old pass records each real token's top-k experts per MoE layer, in rollout
@@ -37,11 +38,15 @@ from contextlib import contextmanager
 
 import torch
 
+from gspo.config import ConfigError
+
 
 def find_routers(model) -> list[torch.nn.Module]:
-    """The MoE routers of `model`, in layer order (empty for a dense model)."""
+    """The MoE routers of `model`, in layer order (empty for a dense model): transformers'
+    ``*TopKRouter`` modules and the ``*TopkRouter`` ones of the DeepSeek-V2/V3 line (GLM-4.5 MoE,
+    Kimi, dots1, …), which have the same contract but gate with a sigmoid over expert groups."""
     return [m for m in model.modules()
-            if type(m).__name__.endswith("TopKRouter") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+            if type(m).__name__.lower().endswith("topkrouter") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
 
 
 def _replay_scores(router, logits: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -51,6 +56,11 @@ def _replay_scores(router, logits: torch.Tensor, idx: torch.Tensor, like: torch.
     if getattr(router, "norm_topk_prob", True):
         w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
     return w.to(like.dtype)
+
+
+def _softmax_gated(router, logits: torch.Tensor, idx: torch.Tensor, scores: torch.Tensor) -> bool:
+    """Whether the router's gate weights are `_replay_scores`'s rule on its own output."""
+    return torch.allclose(_replay_scores(router, logits, idx, scores).float(), scores.float(), atol=1e-3, rtol=1e-3)
 
 
 class RouteTracker:
@@ -209,12 +219,24 @@ class RouteTracker:
         def hook(module, args, output):
             if self._mode is None:
                 return None
+            if not (isinstance(output, tuple) and len(output) == 3):  # not the contract: not tracked
+                if self._replay or (self.aux and torch.is_grad_enabled()):
+                    raise RuntimeError(f"{type(module).__name__} does not return (logits, weights, experts), "
+                                       "which Routing Replay and the load-balancing loss read")
+                return None
             logits, scores, idx = output
             rows, off, mask, fan = self._slot
             b, length = mask.shape
             if idx.shape[0] != b * length:  # not this slot's forward (e.g. a one-off probe): leave it
                 return None
             if self.aux and torch.is_grad_enabled():
+                if ("aux", layer) not in self._checked:  # the loss reads softmax gate probabilities
+                    if not _softmax_gated(module, logits, idx, scores):
+                        raise ConfigError(f"config field 'algo.router_aux_loss_coef': {type(module).__name__} does "
+                                          "not gate with a softmax over its logits (DeepSeek-V3-style sigmoid "
+                                          "routing), so the Switch load-balancing loss is not defined for it; "
+                                          "set it to 0")
+                    self._checked.add(("aux", layer))
                 self._add_aux(logits, idx, mask, fan)
             if self.routes is None:  # (no π_old routes to record or compare: the load balancing only)
                 return None
@@ -245,10 +267,10 @@ class RouteTracker:
                                        "(replay needs the trainer's π_old pass over the same rollout)")
                 old = torch.where(unknown[:, None], idx[flat_mask].long(), old)  # (see `_last_tokens`)
             if layer not in self._checked:  # the gate-weight rule must reproduce this router
-                mine = _replay_scores(module, logits, idx, scores)
-                if not torch.allclose(mine.float(), scores.float(), atol=1e-3, rtol=1e-3):
-                    raise RuntimeError(f"Routing Replay: {type(module).__name__} computes gate weights in a way "
-                                       "gspo does not reproduce (softmax + top-k renormalisation); replay is off limits")
+                if not _softmax_gated(module, logits, idx, scores):
+                    raise ConfigError(f"config field 'algo.routing_replay': {type(module).__name__} computes gate "
+                                      "weights in a way gspo does not reproduce (softmax + top-k renormalisation); "
+                                      "replay is off limits for this model")
                 self._checked.add(layer)
             rep_idx = idx.clone()
             rep_idx[flat_mask] = old.to(idx.dtype)
