@@ -99,6 +99,34 @@ def test_bad_json_line_names_file_and_line(tmp_path):
         load_rows(path)
 
 
+def test_a_line_that_is_not_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes('{"prompt": "a"}\n{"prompt": "caf\u00e9"}\n'.encode("utf-8") + '{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"d\.jsonl: line 3 is not UTF-8 \(byte 0xe9 at column 16\)"):
+        load_rows(path)
+
+
+@pytest.mark.parametrize("column", ["completions", "prompts"])
+def test_a_column_named_as_a_reward_argument_is_refused_naming_the_row(column):
+    with pytest.raises(DataError, match=rf"src: row 1 has a column '{column}'.*rename the column"):
+        validate_rows([{"prompt": "a"}, {"prompt": "b", column: "x"}], source="src")
+    assert validate_rows([{"prompts": "a"}], source="src", prompt_column="prompts") == [{"prompt": "a"}]
+
+
+def test_chat_content_is_text_parts_are_joined_and_anything_else_is_refused():
+    text_parts = [{"role": "user", "content": [{"type": "text", "text": "12+"}, {"type": "text", "text": "7="}]}]
+    tool_turn = [{"role": "user", "content": "hi"},
+                 {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+                 {"role": "tool", "content": "3"}]
+    rows = validate_rows([{"prompt": text_parts}, {"prompt": tool_turn}], source="src")
+    assert rows[0]["prompt"] == [{"role": "user", "content": "12+7="}]
+    assert rows[1]["prompt"] == tool_turn
+    assert text_parts[0]["content"][0] == {"type": "text", "text": "12+"}  # the caller's rows are not changed
+    for bad in (None, [{"type": "image", "url": "x.png"}], [], 3):
+        with pytest.raises(DataError, match=r"src: row 1, column 'prompt', message 0: content must be a string"):
+            validate_rows([{"prompt": text_parts}, {"prompt": [{"role": "user", "content": bad}]}], source="src")
+
+
 def test_missing_prompt_column_lists_columns(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(DataError, match=r"no prompt column 'prompt'.*\['answer', 'question'\]"):

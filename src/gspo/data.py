@@ -44,8 +44,13 @@ def _import_optional(module: str, purpose: str):
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: line {lineno} is not UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1}); JSONL files are UTF-8: re-save it as UTF-8") from e
             if not line.strip():
                 continue
             try:
@@ -127,10 +132,29 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
                 f"{first_kind} prompt; a dataset must not mix plain-text and chat prompts"
             )
         new = {("prompt" if k == prompt_column else k): v for k, v in row.items()}
+        clash = sorted({"prompts", "completions"} & new.keys())
+        if clash:
+            raise DataError(f"{source}: row {i} has a column {clash[0]!r}, which reward functions receive as "
+                            f"their own argument (fn(prompts, completions, **columns)); rename the column")
         if kind == "chat":
-            new["prompt"] = list(prompt)
+            new["prompt"] = [_message(m, f"{source}: row {i}, column {prompt_column!r}, message {j}")
+                             for j, m in enumerate(prompt)]
         out.append(new)
     return out
+
+
+def _message(m: dict, where: str) -> dict:
+    """A chat message whose content is text: a string as it is; a list of text parts (the
+    OpenAI / multimodal style) joined into one string, as templates that take parts render
+    them; None only beside `tool_calls` (an assistant turn that only calls tools)."""
+    content = m["content"]
+    if isinstance(content, str) or (content is None and m.get("tool_calls")):
+        return m
+    if isinstance(content, (list, tuple)) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return {**m, "content": "".join(p["text"] for p in content)}
+    raise DataError(f"{where}: content must be a string or a list of {{'type': 'text', 'text': ...}} parts, "
+                    f"got {str(content)[:100]!r}")
 
 
 def load_rows(
