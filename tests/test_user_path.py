@@ -296,3 +296,19 @@ def test_the_gspo_console_script_finds_a_reward_file_in_the_working_directory(tm
                        cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(_columns_seen(tmp_path / "cols.jsonl")) == 1 and records(tmp_path / "run")[0]["reward/record/mean"] >= 0
+
+
+def test_too_few_prompts_for_one_rollout_is_one_error_before_the_model_loads(tmp_path, capsys):
+    """A dataset with fewer rows than rollout.prompts_per_step stops at start-up naming the file
+    and the field; so does one whose rows mostly run past data.max_prompt_tokens (after the
+    tokenizer, which counts them, has loaded)."""
+    data = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    rc = main(["train", *SMALL, f"data.source={data}", "rollout.prompts_per_step=2", f"output.dir={tmp_path}",
+               "output.name=bad", "model.name_or_path=/nonexistent/model"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "one.jsonl: 1 prompts, fewer than one rollout's rollout.prompts_per_step=2" in err, err
+    long = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "1+1=", "answer": "2"}] + [{"prompt": "9" * 80}] * 3)
+    rc = main(["train", *SMALL, f"data.source={long}", "rollout.prompts_per_step=2", "data.max_prompt_tokens=16",
+               f"output.dir={tmp_path}", "output.name=long"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "1 prompts of 16 tokens or fewer (data.max_prompt_tokens), fewer than" in err, err

@@ -322,6 +322,13 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = Non
                          world_size=d.world_size, quiet=not d.is_main)
 
 
+def _enough_rows(cfg: Config, n: int, which: str = "") -> None:
+    """A rollout draws rollout.prompts_per_step distinct prompts: the data must hold that many."""
+    if n < cfg.rollout.prompts_per_step:
+        raise DataError(f"data.source {cfg.data.source}: {n} prompts{which}, fewer than one rollout's "
+                        f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}")
+
+
 def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
@@ -345,6 +352,7 @@ def build_run(cfg: Config) -> Run:
             raise ConfigError(f"config field 'rewards.functions[{i}].name': {e}") from None
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
+    _enough_rows(cfg, len(rows))
     resume_from = ckpt.resolve_resume(run_dir, cfg.resume)              # checkpoint
     if resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
         raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
@@ -370,6 +378,7 @@ def build_run(cfg: Config) -> Run:
     if not rows:
         raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
                         f"{cfg.data.max_prompt_tokens}")
+    _enough_rows(cfg, len(rows), f" of {cfg.data.max_prompt_tokens} tokens or fewer (data.max_prompt_tokens)")
     if d.is_main:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
