@@ -103,6 +103,38 @@ def test_kill_9_during_save_keeps_previous_checkpoint(tmp_path, straight):
     assert_same_run(straight, tmp_path / "run")
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_over_under_resume_auto(tmp_path, straight):
+    """Without a whole checkpoint (checkpoint.every=0: only at the end, and the process died by
+    os._exit after rollout 2) there is nothing to resume: resume=auto starts the run again, the
+    stopped run's files set aside, and trains what the uninterrupted run trained."""
+    p = gspo_train(tmp_path, "run", "checkpoint.every=0", faults="exit_after_rollout=2", check=False)
+    assert p.returncode == 3 and not (tmp_path / "run" / "checkpoints").exists()
+    stale = (tmp_path / "run" / "metrics.jsonl").read_text()
+    p = gspo_train(tmp_path, "run", "checkpoint.every=0", "resume=auto")
+    assert "holds no whole checkpoint" in p.stderr
+    aside = [x for x in (tmp_path / "run").iterdir() if x.name.startswith("stopped-")]
+    assert len(aside) == 1 and (aside[0] / "metrics.jsonl").read_text() == stale
+    assert metrics_without_timings(tmp_path / "run") == metrics_without_timings(straight)
+    a, b = load_file(tmp_path / "run" / "final" / "model.safetensors"), load_file(straight / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    p = gspo_train(tmp_path, "again", "checkpoint.every=0", faults="exit_after_rollout=1", check=False)
+    p = gspo_train(tmp_path, "again", "checkpoint.every=0", check=False)  # without resume=auto: refused
+    assert p.returncode == 2 and "already holds a run; continue it with resume=auto" in p.stderr
+
+
+def test_a_kill_while_final_is_written_leaves_no_final_and_resume_writes_it(tmp_path, straight):
+    p = gspo_train(tmp_path, "run", faults="kill_in_final=1", check=False)
+    assert p.returncode == -signal.SIGKILL
+    run = tmp_path / "run"
+    assert not (run / "final").exists() and (run / "final.partial" / "model.safetensors").is_file()
+    p = gspo_train(tmp_path, "run", "resume=auto")
+    assert "final/ was not whole and is written again" in p.stdout + p.stderr
+    assert not (run / "final.partial").exists()
+    a, b = load_file(run / "final" / "model.safetensors"), load_file(straight / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (run / "final" / "tokenizer_config.json").is_file()
+
+
 def test_resume_of_finished_run_exits_0_without_training(tmp_path):
     gspo_train(tmp_path, "run", "schedule.rollouts=1")
     before = (tmp_path / "run" / "metrics.jsonl").read_text()

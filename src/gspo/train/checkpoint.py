@@ -502,17 +502,24 @@ def _gathered_policy(run):
 
 def save_final(run) -> Path:
     """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
-    tokenizer; with LoRA also the adapters alone in final/adapter."""
+    tokenizer; with LoRA also the adapters alone in final/adapter. It is written beside, as
+    final.partial/, and renamed when whole, so a process killed meanwhile leaves no final/ that
+    looks done (a resumed run then writes it again from the finished checkpoint)."""
     out = run.cfg.run_dir / "final"
     model = run.generator_model  # full weights on every strategy (pushed after the last update)
     if run.remote is not None and run.dist.enabled and run.dist.strategy == "fsdp":
         model = _gathered_policy(run)  # async mode keeps no full copy: gather one, on rank 0 alone
     if run.dist.is_main:
+        part = out.with_name("final.partial")
+        shutil.rmtree(part, ignore_errors=True)
         if run.cfg.lora.enabled:
-            model.save_pretrained(out / "adapter", safe_serialization=True)
+            model.save_pretrained(part / "adapter", safe_serialization=True)
             if run.cfg.lora.merge_final:
                 model = model.merge_and_unload()  # training is over: merge in place
-        model.save_pretrained(out, safe_serialization=True)
-        run.tokenizer.save_pretrained(out)
+        model.save_pretrained(part, safe_serialization=True)
+        run.tokenizer.save_pretrained(part)
+        faults.in_final()  # tests only
+        shutil.rmtree(out, ignore_errors=True)
+        os.rename(part, out)
     run.dist.barrier()
     return out

@@ -5,6 +5,7 @@ paths (a kill mid-save, a process death between rollouts, a non-finite loss):
 
 - `exit_after_rollout=N`: the process dies (os._exit) right after rollout N is done and saved.
 - `kill_in_save=N`: SIGKILL while the checkpoint of optimizer step N is half written.
+- `kill_in_final=1`: SIGKILL while final/ is half written (the model saved, not yet renamed).
 - `nan_loss_at=N[+M...]`: the loss of optimizer step N (and M...) becomes NaN.
 - `nan_loss_from=N`: every loss from optimizer step N on becomes NaN.
 - `generator_kill_at=Q` / `generator_hang_at=Q`: an async-mode generator SIGKILLs itself, or
@@ -31,6 +32,11 @@ def after_rollout(rollout: int) -> None:
 
 def in_save(step: int) -> None:
     if _spec().get("kill_in_save") == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def in_final() -> None:
+    if _spec().get("kill_in_final") == "1":
         os.kill(os.getpid(), signal.SIGKILL)
 
 

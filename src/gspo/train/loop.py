@@ -385,7 +385,12 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
         state = TrainerState(**checkpoint.restore_run(run, run.resume_from))
         inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
         if state.finished:
-            if d.is_main:
+            if d.broadcast_object(not (run_dir / "final").is_dir()):  # killed while writing final/
+                checkpoint.save_final(run)
+                if d.is_main:
+                    print(f"run {run_dir} finished at rollout {state.rollout}; final/ was not whole and is "
+                          f"written again from {run.resume_from}")
+            elif d.is_main:
                 print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
             run.close()
             return run_dir

@@ -322,6 +322,19 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = Non
                          world_size=d.world_size, quiet=not d.is_main)
 
 
+def _set_aside(run_dir: Path) -> Path:
+    """Move what a run directory holds into run_dir/stopped-<UTC time>/ (earlier such folders stay)."""
+    import datetime
+    import shutil
+
+    aside = run_dir / f"stopped-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S%fZ}"
+    aside.mkdir()
+    for entry in sorted(run_dir.iterdir()):
+        if entry != aside and not entry.name.startswith("stopped-"):
+            shutil.move(str(entry), str(aside / entry.name))
+    return aside
+
+
 def _enough_rows(cfg: Config, n: int, which: str = "") -> None:
     """A rollout draws rollout.prompts_per_step distinct prompts: the data must hold that many."""
     if n < cfg.rollout.prompts_per_step:
@@ -354,10 +367,17 @@ def build_run(cfg: Config) -> Run:
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     _enough_rows(cfg, len(rows))
     resume_from = ckpt.resolve_resume(run_dir, cfg.resume)              # checkpoint
-    if resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+    restart = resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists())
+    if restart and str(cfg.resume).strip().lower() != "auto":
         raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
                           f"continue it with resume=auto, or choose another output.name")
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
+    if restart:  # resume=auto, but the run stopped before its first whole checkpoint: it starts over
+        if d.is_main:
+            print(f"resume=auto: {run_dir} holds no whole checkpoint (the run stopped before its first), so it "
+                  f"starts again from rollout 0; what the stopped run wrote is kept in {_set_aside(run_dir)}",
+                  file=sys.stderr)
+        d.barrier()
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list) or tools is not None  # episodes are conversations
