@@ -198,6 +198,31 @@ def test_bad_calls_reach_the_model_as_error_replies_and_are_counted():
     assert ro.finish_reason == ["done", "done"]
 
 
+def test_a_parser_that_raises_on_a_turn_makes_it_a_malformed_call_and_one_that_returns_junk_stops():
+    """The model's text made the user's parser raise: a malformed call, answered and counted, the
+    episode goes on. A parser returning anything but ToolCalls is a bug: one config error."""
+    from gspo.config import ConfigError
+
+    def picky(text):
+        if "oops" in text:
+            raise KeyError("name")
+        return parse_hermes(text)
+
+    tok = build_char_tokenizer(CHARS)
+    with ToolRunner([add], num_workers=0) as runner:
+        ro = run_episodes(Scripted(tok, ["oops", call("add", a=2, b=3), "5"]), tok,
+                          [[{"role": "user", "content": "what is 2+3?"}]], 1, tools=[add], runner=runner, parser=picky,
+                          max_turns=4, max_tokens=400)
+        replies = [m["content"] for m in ro.turns[0] if m["role"] == "tool"]
+        assert replies == ["error: malformed tool call: the tool parser could not read this turn (KeyError: 'name')",
+                           "5"]
+        assert ro.episode_stats["episode/tool_malformed_mean"] == 1 and ro.finish_reason == ["done"]
+        with pytest.raises(ConfigError, match="'rollout.tool_parser': the parser returned .*not a list of"):
+            run_episodes(Scripted(tok, [call("add", a=1, b=1)]), tok, [[{"role": "user", "content": "hi"}]], 1,
+                         tools=[add], runner=runner, parser=lambda text: [{"name": "add"}], max_turns=4,
+                         max_tokens=400)
+
+
 # ------------------------------------------------------------------ a real model across turns
 
 

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from gspo.config import ConfigError
 from gspo.data import encode_texts
 from gspo.rollout import Rollout, chunk_seed, left_pad
 from gspo.rollout.tools import OUTCOMES, ToolCall, ToolRunner, env_tools, method_schema, tool_schema
@@ -47,6 +48,19 @@ class _Episode:
         self.calls = 0
         self.outcomes: Counter = Counter()
 
+
+def _parse(parser: Callable, text: str) -> list:
+    """The tool calls `parser` reads in a turn. A parser that raises on the model's text makes it
+    one malformed call (its error is the reply, as for unreadable JSON); one that returns
+    anything but a list of `ToolCall` is a bug in the parser, which stops the run at once."""
+    try:
+        calls = parser(text)
+    except Exception as e:  # the model's text, not the run, is at fault
+        return [ToolCall("", error=f"the tool parser could not read this turn ({type(e).__name__}: {e})")]
+    if not isinstance(calls, (list, tuple)) or not all(isinstance(c, ToolCall) for c in calls):
+        raise ConfigError(f"config field 'rollout.tool_parser': the parser returned {str(calls)[:120]!r}, "
+                          "not a list of gspo.rollout.tools.ToolCall")
+    return list(calls)
 
 def as_messages(prompt) -> list[dict]:
     """A dataset prompt as chat messages: a message list as it is, a plain text as one user message."""
@@ -141,7 +155,7 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
             if not ended:
                 e.finish = "length"  # the turn (or the episode's budget) ran out
                 continue
-            calls = parser(text)
+            calls = _parse(parser, text)
             if not calls and not stepper:
                 e.finish = "done"
                 continue
