@@ -131,12 +131,14 @@ def test_generators_stop_when_the_learner_is_killed(tmp_path):
 
 def test_a_killed_generator_stops_the_run_with_one_clear_error_and_its_last_checkpoint_intact(tmp_path):
     p = gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", faults="generator_kill_at=3", check=False)
-    assert p.returncode != 0
+    assert p.returncode == 1
     err = p.stderr
-    assert "GeneratorError" in err and "generator 1 (pid" in err and "killed by signal 9" in err
-    assert "is intact: resume with resume=auto" in err
+    assert "gspo train: stopped: generator 1 (pid" in err and "killed by signal 9" in err
+    assert "is intact: resume with resume=auto" in err and "Traceback" not in err
     ck = find_resume_checkpoint(tmp_path / "run")
     verify_checkpoint(ck)  # the last checkpoint stayed whole (resuming one exactly: the SIGKILL test)
+    p = gspo_train(tmp_path, "early", *ASYNC, "checkpoint.every=0", faults="generator_kill_at=2", check=False)
+    assert p.returncode == 1 and "stopped before its first checkpoint: resume=auto starts it over" in p.stderr
 
 
 def test_a_hung_generator_is_noticed_within_its_deadline(tmp_path):

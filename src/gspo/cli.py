@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from gspo.train.checkpoint import CheckpointError
     from gspo.rewards import RewardError
     from gspo.train import TrainingError
+    from gspo.train.async_job import GeneratorError
 
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gspo {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except (TrainingError, RewardError, CheckpointError) as e:
+    except (TrainingError, RewardError, CheckpointError, GeneratorError) as e:
         # the run stopped for a stated reason; its last good state is on disk
         if os.environ.get("GSPO_TRACEBACK"):
             raise

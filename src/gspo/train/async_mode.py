@@ -290,8 +290,10 @@ class AsyncRollouts:
                                  f"({out[0]}); {self._note()}")
 
     def _note(self) -> str:
-        return (f"the run stopped; its last checkpoint in {self.cfg.run_dir / 'checkpoints'} is intact: "
-                f"resume with resume=auto")
+        ck = self.cfg.run_dir / "checkpoints"
+        if (ck / "latest").is_file():
+            return f"the run stopped; its last checkpoint in {ck} is intact: resume with resume=auto"
+        return "the run stopped before its first checkpoint: resume=auto starts it over"
 
     # evaluation
     def evaluate(self, version: int, prompts: list[str], *, max_new_tokens: int, pass_k: int) -> dict:
