@@ -417,6 +417,14 @@ def test_gspo_train_runs_tool_episodes_from_a_saved_checkpoint_and_resumes_exact
     assert all("eval/tool_call_frac" in r for r in recs if "eval/accuracy" in r)
     completions = (tmp_path / "whole" / "completions").glob("*.jsonl")
     assert any("tool_call" in p.read_text() for p in completions)
+    # `gspo eval` of final/ with the run's tool settings (given after a --flag) plays episodes too
+    from zygote import gspo
+
+    ev = gspo(["eval", tmp_path / "whole" / "final", "multiply", "--num-prompts", "4",
+               *[x for x in TOOL_RUN if x.startswith(("rollout.", "rewards."))]], timeout=300)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    m = json.loads(ev.stdout)
+    assert m["eval/num_prompts"] == 4 and 0 <= m["eval/tool_call_frac"] <= 1 and m["eval/turns_mean"] >= 1
     # killed after rollout 2, resumed: the same run, episodes and all
     p = gspo_train(tmp_path, "cut", *run, faults="exit_after_rollout=2", check=False)
     assert p.returncode != 0

@@ -42,11 +42,14 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from types import SimpleNamespace
+
     from gspo.config import load_config
-    from gspo.train.evaluate import evaluate
+    from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.run import hf_generator, load_prompt_rows, reward_specs, setup_threads
+    from gspo.train.run import (episode_tools, hf_generator, load_episode_tools, load_prompt_rows, reward_specs,
+                                setup_threads)
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
              "rollout.max_new_tokens": args.max_new_tokens}  # unset flags keep the config's values
@@ -54,6 +57,7 @@ def cmd_eval(args) -> int:
                  *(f"{k}={v}" for k, v in flags.items() if v is not None), *args.overrides]
     cfg = load_config(args.config, overrides)
     setup_threads(cfg.threads)
+    loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg)
     rows = (held or rows)[: cfg.eval.num_prompts]
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
@@ -61,8 +65,18 @@ def cmd_eval(args) -> int:
     rw = cfg.rewards
     with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:
-        m = evaluate(model, tok, rows, runner, max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                     generator=hf_generator(cfg, model, tok), chat=isinstance(rows[0]["prompt"], list))
+        if loaded is None:
+            m = evaluate(model, tok, rows, runner, max_new_tokens=cfg.rollout.max_new_tokens,
+                         pass_k=cfg.eval.pass_k, generator=hf_generator(cfg, model, tok),
+                         chat=isinstance(rows[0]["prompt"], list))
+        else:
+            tools = episode_tools(cfg, loaded)
+            try:  # what a run's own evaluation reads of it
+                run = SimpleNamespace(cfg=cfg, tokenizer=tok, tools=tools, rewards=runner, generator_model=model,
+                                      chat=True)
+                m = evaluate_episodes(run, rows, hf_generator(cfg, model, tok))
+            finally:
+                tools.runner.close()
     m["eval/num_prompts"] = len(rows)
     print(json.dumps(m, indent=2))
     return 0
@@ -126,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     from gspo.train import TrainingError
     from gspo.train.async_job import GeneratorError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides after a --flag (argparse ends a positional list at the first flag)
+        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # gspo draws its own progress; HF's per-file bars are noise
