@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,16 @@ def test_a_lora_run_with_evaluation_keeps_the_checkpoints_generation_config(save
     for k in ("eos_token_id", "pad_token_id", "temperature", "top_p", "top_k", "repetition_penalty"):
         assert got.get(k) == want.get(k), k
     assert (run_dir / "final" / "adapter").is_dir()
+    # folders of a run that are not a model folder: one error each, naming where the model is
+    from gspo.models import ModelError
+
+    step = next((run_dir / "checkpoints").glob("step-*"))
+    for path, says in [(run_dir, f"is a gspo run directory, not a model folder; its model is {run_dir / 'final'}"),
+                       (step, "is a gspo training checkpoint, not a model folder"),
+                       (run_dir / "final" / "adapter", f"is a LoRA adapter; the merged model is the folder above it "
+                                                        f"({run_dir / 'final'})")]:
+        with pytest.raises(ModelError, match=re.escape(says)):
+            load_policy(path, device="cpu")
 
 
 TEMPLATE_START = {"llama": "<s>[INST] ", "mistral": "<s>[INST] ", "gemma2": "<bos><start_of_turn>user\n",

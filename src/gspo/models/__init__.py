@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 import re
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -47,9 +48,26 @@ def _resolve_dtype(dtype) -> torch.dtype:
 
 
 def _check_source(name_or_path: str) -> None:
-    """Fail before any download attempt when `name_or_path` is a missing local path."""
+    """Fail before any download attempt when `name_or_path` is a missing local path, or a
+    local folder that is not a model: a gspo run directory, one of its checkpoints, or a LoRA
+    adapter folder, each named with where the model is."""
     if os.path.isdir(name_or_path):
-        return
+        d = Path(name_or_path)
+        if (d / "config.json").is_file():
+            return
+        if (d / "checkpoints").is_dir() or (d / "metrics.jsonl").is_file():
+            where = (f"its model is {d / 'final'}" if (d / "final" / "config.json").is_file() else
+                     "it has no final/ yet: finish the run (resume=auto), which writes final/")
+            raise ModelError(f"model path {name_or_path!r} is a gspo run directory, not a model folder; {where}")
+        if (d / "trainer_state.json").is_file() or (d / "COMPLETE").is_file():
+            raise ModelError(f"model path {name_or_path!r} is a gspo training checkpoint, not a model folder; the "
+                             f"model of a run is its final/ (a stopped run writes it when resumed to its end)")
+        if (d / "adapter_config.json").is_file():
+            raise ModelError(f"model path {name_or_path!r} is a LoRA adapter; the merged model is the folder "
+                             f"above it ({d.parent})" if d.name == "adapter" else
+                             f"model path {name_or_path!r} is a LoRA adapter, not a whole model")
+        raise ModelError(f"model path {name_or_path!r} has no config.json: not a model folder "
+                         f"(save_pretrained writes one)")
     if os.path.exists(name_or_path):
         raise ModelError(f"model path {name_or_path!r} is a file; expected a model directory")
     looks_local = (

@@ -152,7 +152,20 @@ class AsyncRollouts:
         generator has surely read it (`_release`), tagged with the next rollout index it precedes."""
         head, body = _frame(kind, payload, version)
         for t in (head, body) if len(payload) else (head,):
-            self.sends.append((dst, self.next_q, self.job.pg.send([t], dst, CMD_TAG), t))
+            self.sends.append((dst, self.next_q, self._send(self.job.pg, t, dst, CMD_TAG, "a command"), t))
+
+    def _send(self, pg, t: torch.Tensor, dst: int, tag: int, what: str):
+        """pg.send of `t` to generator `dst`; a connection the generator closed (it died) is a
+        GeneratorError saying why, not gloo's own error."""
+        try:
+            return pg.send([t], dst, tag)
+        except RuntimeError as e:
+            self.failed_run = True  # close() then kills the generators without a grace period
+            deadline = time.monotonic() + 2.0  # a killed process is reaped a moment later: say why
+            while (why := self.job.dead(dst)) is None and self.job.procs and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise GeneratorError(f"{why or f'the connection to generator {dst} broke ({e})'} while the learner "
+                                 f"sent it {what}; {self._note()}") from None
 
     def _send_weights(self, g: int, version: int, full: bool) -> None:
         """This rank's part of weights `version` (`async_wire.local_part`: its FSDP2 shards, or
@@ -176,7 +189,7 @@ class AsyncRollouts:
             if not sum(numels):
                 continue
             t = torch.cat([parts[n].reshape(-1).cpu() for n in names]) if flat else parts[names[0]]
-            work = self.job.weights_pg.send([t], g, 0)
+            work = self._send(self.job.weights_pg, t, g, 0, "weights")
             (self.copied_sends if flat else self.weight_sends).append((g, version, work, t))
             self.sync_bytes += t.numel() * t.element_size()
         self.have[g] = version
