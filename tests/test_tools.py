@@ -515,3 +515,47 @@ def test_what_goes_between_turns_in_a_qwen_style_template():
     got = inserted_text(tok, messages, replies, schema, "<|im_end|>")
     assert got == ("\n<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response>"
                    "<|im_end|>\n<|im_start|>assistant\n")
+
+
+# Qwen3's trait, in a template of our own: the last assistant turn gets an empty <think> block
+# (reasoning is shown for the turn being written), earlier ones lose it.
+THINK_STYLE = QWEN_STYLE.replace(
+    "{% else %}<|im_start|>{{ m.role }}{{ '\\n' }}{{ m.content }}",
+    "{% else %}<|im_start|>{{ m.role }}{{ '\\n' }}{% if m.role == 'assistant' and loop.last %}<think>{{ '\\n\\n' }}"
+    "</think>{{ '\\n\\n' }}{% endif %}{{ m.content }}")
+
+
+def test_a_template_that_rewrites_the_last_turn_once_replies_follow_still_gives_the_text_between():
+    from gspo.rollout.episodes import inserted_text
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = THINK_STYLE
+    messages = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": call("add", a=2, b=3)}]
+    replies = [{"role": "tool", "name": "add", "content": "5"}]
+    assert "<think>" in tok.apply_chat_template(messages, tokenize=False)  # the trait is there
+    got = inserted_text(tok, messages, replies, [tool_schema(add)], "<|im_end|>")
+    assert got == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    # a template that rewrites an earlier turn as well: no text, the episode ends as an error
+    tok.chat_template = THINK_STYLE.replace("{{ m.content }}<|im_end|>", "{{ m.content }}{{ messages | length }}<|im_end|>")
+    assert inserted_text(tok, messages, replies, [tool_schema(add)], "<|im_end|>") is None
+
+
+def test_the_chat_template_is_checked_for_tool_episodes_before_any_sampling():
+    """It must render a tool's reply (else: one config error); one that ignores tools= is said."""
+    from gspo.config import ConfigError
+    from gspo.rollout.episodes import check_tool_template
+
+    tok = build_char_tokenizer(CHARS)
+    schema = [tool_schema(add)]
+    tok.chat_template = QWEN_STYLE
+    assert check_tool_template(tok, schema) is None and check_tool_template(tok, []) is None
+    tok.chat_template = QWEN_STYLE.replace("{% if tools %}", "{% if false %}")  # never shows the schemas
+    assert "ignores tools=" in check_tool_template(tok, schema)
+    tok.chat_template = ("{% for m in messages %}{% if m.role != 'tool' %}{{ m.role }}: {{ m.content }}{{ '\\n' }}"
+                         "{% endif %}{% endfor %}")  # a Llama-2-style template: no tool turns at all
+    with pytest.raises(ConfigError, match="'rollout.tools': the tokenizer's chat template drops messages of role"):
+        check_tool_template(tok, schema)
+    tok.chat_template = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('ids!') }}{% endif %}" \
+                        "{{ m.content }}{% endfor %}"
+    with pytest.raises(ConfigError, match="chat template fails on a tool's reply .*ids!"):
+        check_tool_template(tok, schema)

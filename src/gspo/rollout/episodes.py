@@ -77,18 +77,62 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generat
     return text
 
 
+def episode_schemas(tools: Sequence[Callable], env) -> list[dict]:
+    """The schemas the template shows the model: the tools', then the environment's methods'."""
+    return [tool_schema(fn) for fn in tools] + [method_schema(fn, f"rollout.environment method {fn.__name__!r}")
+                                                for fn in env_tools(env)]
+
+
+def check_tool_template(tokenizer, schemas: list[dict]) -> str | None:
+    """Whether the chat template can play tool episodes, checked on a probe conversation before
+    any sampling: it must render a tool's reply (one that drops or refuses role "tool" messages
+    would hide every reply from the model: ConfigError). Returns a warning when it ignores
+    `tools=` (the model is then not shown the schemas, unless the prompts carry them)."""
+    if not schemas:
+        return None
+    probe = "gspo-probe-reply-7d3"
+    talk = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+            {"role": "tool", "name": schemas[0]["function"]["name"], "content": probe}]
+    try:
+        shown = probe in render(tokenizer, talk, schemas, generation_prompt=True)
+    except Exception as e:  # e.g. a template that wants ids on tool calls it did not make
+        raise ConfigError(f"config field 'rollout.tools': the tokenizer's chat template fails on a tool's reply "
+                          f"({type(e).__name__}: {e})") from None
+    if not shown:
+        raise ConfigError("config field 'rollout.tools': the tokenizer's chat template drops messages of role "
+                          "'tool', so the model would never see the tools' replies; use a model whose template "
+                          "renders them (tokenizer.chat_template)")
+    if render(tokenizer, talk[:1], schemas, generation_prompt=True) == render(tokenizer, talk[:1], None,
+                                                                              generation_prompt=True):
+        return ("the tokenizer's chat template ignores tools=: the model is not shown the tools' schemas "
+                "(put them in the prompts, or use a template that renders tools)")
+    return None
+
+
 def inserted_text(tokenizer, messages: list[dict], replies: list[dict], tools: list[dict] | None,
                   eos_text: str) -> str | None:
     """The template's text between the model's EOS that ended its turn (`messages[-1]`, the
-    assistant's) and the next generation prompt, tool replies included; None when the
-    template's rendering of the turns before is not a prefix of the one with the replies."""
+    assistant's) and the next generation prompt, tool replies included.
+
+    Some templates render a turn differently once it is no longer the last: Qwen3's writes an
+    empty ``<think>`` block into the last assistant turn only. Then the text is what follows
+    that turn's EOS in the rendering with the replies, provided the turns before it render
+    the same. None when they do not (the template rewrites history: the model's context and
+    the template's would part ways)."""
     before = render(tokenizer, messages, tools, generation_prompt=False)
     after = render(tokenizer, messages + replies, tools, generation_prompt=True)
-    if not after.startswith(before):
-        return None
     cut = before.rfind(eos_text) if eos_text else -1
-    tail = before[cut + len(eos_text):] if cut >= 0 else ""
-    return tail + after[len(before):]
+    if after.startswith(before):
+        tail = before[cut + len(eos_text):] if cut >= 0 else ""
+        return tail + after[len(before):]
+    if cut < 0:
+        return None
+    prev = before.rfind(eos_text, 0, cut)  # the end of the turn before the model's
+    start = prev + len(eos_text) if prev >= 0 else 0
+    end = after.find(eos_text, start)  # the model's turn, as rendered with the replies after it
+    if after[:start] != before[:start] or end < 0:
+        return None
+    return after[end + len(eos_text):]
 
 
 def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size: int, *,
@@ -108,8 +152,7 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
     environment that fails (reset, step, a lost worker) ends its episode with finish reason
     ``error``."""
     env = runner.env_class
-    schemas = [tool_schema(fn) for fn in tools] + [method_schema(fn, f"rollout.environment method {fn.__name__!r}")
-                                                    for fn in env_tools(env)]
+    schemas = episode_schemas(tools, env)
     eos_ids = list(generator.eos_token_ids)
     eos_text = tokenizer.decode([eos_ids[0]], skip_special_tokens=False) if eos_ids else ""
     n_ep = len(prompts) * group_size
