@@ -559,3 +559,29 @@ def test_the_chat_template_is_checked_for_tool_episodes_before_any_sampling():
                         "{{ m.content }}{% endfor %}"
     with pytest.raises(ConfigError, match="chat template fails on a tool's reply .*ids!"):
         check_tool_template(tok, schema)
+
+
+def test_the_text_after_a_turn_follows_the_eos_the_model_sampled_of_several():
+    """A checkpoint may list several EOS ids (Gemma: <eos>, <end_of_turn>); the template's text
+    after a turn is found after the one the model wrote, not after the list's first."""
+    tok = build_char_tokenizer(CHARS)
+    gen = Scripted(tok, [call("add", a=2, b=3), "5"])
+    gen.eos_token_ids = [tok.bos_token_id, tok.eos_token_id]  # the model samples the second
+    with ToolRunner([add], num_workers=0) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "what is 2+3?"}]], 1, tools=[add], runner=runner,
+                          parser=parse_hermes, max_turns=4, max_tokens=400)
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    turn1 = enc(call("add", a=2, b=3)) + [tok.eos_token_id]
+    want = turn1 + enc("\ntool: 5\nassistant: ")  # the template's "\n" after the turn's EOS included
+    assert ro.completion_ids[0, :len(want)].tolist() == want
+
+
+def test_with_tools_the_prompt_length_limit_counts_the_schemas_the_template_shows():
+    from gspo.data import filter_long_prompts
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = QWEN_STYLE
+    rows = [{"prompt": "2+3?"}, {"prompt": [{"role": "user", "content": "4+4?"}]}]
+    assert filter_long_prompts(rows[1:], tok, 100) == (rows[1:], 0)  # 54 tokens alone: it fits
+    assert filter_long_prompts(rows, tok, 100, [tool_schema(add)]) == ([], 2)  # 392 with the schemas
+    assert filter_long_prompts(rows, tok, 392, [tool_schema(add)]) == (rows, 0)

@@ -189,13 +189,17 @@ def load_rows(
 # Prompt text
 
 
-def format_prompt(prompt: str | list[dict], tokenizer: Any) -> str:
+def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | None = None) -> str:
     """The text the policy is conditioned on.
 
     A plain-text prompt is returned as is (no template; `encode_texts` adds the tokenizer's
     BOS, if it has one, when the text is encoded). A chat prompt is rendered with
-    `tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)`.
+    `tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)`. With
+    `tools` (the schemas of a tool episode, [] for a game without tools) the prompt is an
+    episode's first context: a plain text becomes one user message, rendered with the schemas.
     """
+    if tools is not None and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
     if isinstance(prompt, str):
         return prompt
     if not getattr(tokenizer, "chat_template", None):
@@ -205,7 +209,8 @@ def format_prompt(prompt: str | list[dict], tokenizer: Any) -> str:
             "chat_template; use plain-text prompts or a tokenizer with a chat template"
         )
     try:
-        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(list(prompt), tools=tools or None, tokenize=False,
+                                             add_generation_prompt=True)
     except Exception as e:
         raise DataError(f"format_prompt: the tokenizer's chat template failed on {prompt!r:.200}: {e}") from e
     if not isinstance(text, str):  # some versions return a list for batched input
@@ -246,16 +251,17 @@ def prompt_token_count(prompt: str | list[dict], tokenizer: Any) -> int:
 
 
 def filter_long_prompts(
-    rows: Sequence[dict], tokenizer: Any, max_prompt_tokens: int
+    rows: Sequence[dict], tokenizer: Any, max_prompt_tokens: int, tools: list[dict] | None = None
 ) -> tuple[list[dict], int]:
-    """Drop rows whose formatted prompt is longer than `max_prompt_tokens` tokens.
+    """Drop rows whose formatted prompt (`format_prompt`, with the tool schemas of an episode
+    when `tools` is given) is longer than `max_prompt_tokens` tokens.
 
     Returns (kept_rows, n_dropped); order is kept, and kept_rows may be empty (the caller
     decides whether that is an error). Counting follows `prompt_token_count`.
     """
     if not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
         raise DataError(f"filter_long_prompts: max_prompt_tokens must be a positive int, got {max_prompt_tokens!r}")
-    ids = encode_texts(tokenizer, [format_prompt(r["prompt"], tokenizer) for r in rows]) if rows else []
+    ids = encode_texts(tokenizer, [format_prompt(r["prompt"], tokenizer, tools) for r in rows]) if rows else []
     kept = [r for r, x in zip(rows, ids) if len(x) <= max_prompt_tokens]
     return kept, len(rows) - len(kept)
 

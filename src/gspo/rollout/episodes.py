@@ -154,7 +154,6 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
     env = runner.env_class
     schemas = episode_schemas(tools, env)
     eos_ids = list(generator.eos_token_ids)
-    eos_text = tokenizer.decode([eos_ids[0]], skip_special_tokens=False) if eos_ids else ""
     n_ep = len(prompts) * group_size
     first = runner.reset([dict(rows[i // group_size]) if rows else {} for i in range(n_ep)]) if env is not None \
         else [("ok", None)] * n_ep
@@ -226,6 +225,7 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
                 e.finish = "error"
                 continue
             try:
+                eos_text = tokenizer.decode(new[-1:], skip_special_tokens=False)  # the EOS it sampled
                 between = inserted_text(tokenizer, e.messages, msgs, schemas, eos_text)
             except Exception:  # the template cannot render these messages
                 between = None

@@ -389,15 +389,17 @@ def build_run(cfg: Config) -> Run:
     job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
+    schemas = None  # an episode's prompt is rendered with the tools' schemas (None: no episodes)
     if tools is not None:                                                # its chat template, for episodes
         from gspo.rollout.episodes import check_tool_template, episode_schemas
 
-        warning = check_tool_template(tok, episode_schemas(tools[0], tools[2]))
+        schemas = episode_schemas(tools[0], tools[2])
+        warning = check_tool_template(tok, schemas)
         if warning and d.is_main:
             print(f"warning: {warning}", file=sys.stderr)
     threads_for_model(cfg, model)
-    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens)
-    eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens) if eval_rows else ([], 0)
+    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)
+    eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens, schemas) if eval_rows else ([], 0)
     if dropped and d.is_main:
         print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
               file=sys.stderr)
