@@ -87,8 +87,16 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, straight, stop_after):
     p = gspo_train(tmp_path, "run", faults=f"exit_after_rollout={stop_after}", check=False)
     assert p.returncode == 3  # died without finishing
     assert not (tmp_path / "run" / "final").exists()
-    gspo_train(tmp_path, "run", "resume=auto")
+    p = gspo_train(tmp_path, "run", "resume=auto")
+    assert "differ from the checkpoint" not in p.stderr  # the same settings (its "auto" ones resolved)
     assert_same_run(straight, tmp_path / "run")
+
+
+def test_a_resume_with_changed_settings_says_which(tmp_path):
+    gspo_train(tmp_path, "run", "schedule.rollouts=2", faults="exit_after_rollout=1", check=False)
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=2", "resume=auto", "optim.lr=0.01", "rollout.group_size=2")
+    assert "settings that differ from the checkpoint's: rollout.group_size: 4 -> 2; optim.lr: 0.001 -> 0.01" \
+        in p.stderr, p.stderr[-2000:]
 
 
 def test_kill_9_during_save_keeps_previous_checkpoint(tmp_path, straight):

@@ -322,6 +322,36 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = Non
                          world_size=d.world_size, quiet=not d.is_main)
 
 
+def changed_settings(checkpoint_dir: Path, cfg: Config) -> list[str]:
+    """'field: old -> new' for each setting of `cfg` that differs from the checkpoint's own
+    config.yaml, leaving out those a resume is meant to change (resume, schedule.rollouts, the
+    output and logging fields, threads) and those left to "auto", which start-up resolves
+    (the checkpoint holds the resolved value)."""
+    from omegaconf import OmegaConf
+
+    from gspo.config import from_yaml_text
+
+    def flat(c: Config) -> dict:
+        out: dict = {}
+
+        def walk(prefix: str, node) -> None:
+            for k, v in node.items():
+                if isinstance(v, dict):
+                    walk(f"{prefix}{k}.", v)
+                else:
+                    out[f"{prefix}{k}"] = v
+        walk("", OmegaConf.to_container(OmegaConf.structured(c), resolve=True))
+        return out
+
+    path = checkpoint_dir / ckpt.CONFIG_FILE
+    if not path.is_file():
+        return []
+    old, new = flat(from_yaml_text(path.read_text())), flat(cfg)
+    free = ("resume", "schedule.rollouts", "threads", "output.", "logging.", "checkpoint.")
+    return [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
+            if not k.startswith(free) and new[k] != "auto" and old.get(k) != new[k]]
+
+
 def _set_aside(run_dir: Path) -> Path:
     """Move what a run directory holds into run_dir/stopped-<UTC time>/ (earlier such folders stay)."""
     import datetime
@@ -371,6 +401,13 @@ def build_run(cfg: Config) -> Run:
     if restart and str(cfg.resume).strip().lower() != "auto":
         raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
                           f"continue it with resume=auto, or choose another output.name")
+    if resume_from is not None and d.is_main:
+        changed = changed_settings(resume_from, cfg)
+        if changed:
+            print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
+                  "The optimizer's state and learning-rate schedule (optim.*) come from the checkpoint; "
+                  "a changed model, data or batch shape makes this no longer the run it continues",
+                  file=sys.stderr)
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if restart:  # resume=auto, but the run stopped before its first whole checkpoint: it starts over
         if d.is_main:
