@@ -3,6 +3,7 @@
 import ast
 import errno
 import json
+import re
 import os
 import random
 import signal
@@ -282,7 +283,8 @@ def test_resolve_resume(tmp_path):
     assert resolve_resume(tmp_path, str(path)) == path
     with pytest.raises(CheckpointError, match="does not exist"):
         resolve_resume(tmp_path, str(tmp_path / "nope"))
-    with pytest.raises(CheckpointError, match="run directory"):
+    with pytest.raises(CheckpointError, match=re.escape(f"run directory; continue it with resume=auto "
+                                                        f"output.dir={tmp_path.parent} output.name={tmp_path.name}")):
         resolve_resume(tmp_path, str(tmp_path))
     (path / "COMPLETE").unlink()
     with pytest.raises(CheckpointError, match="step-1"):

@@ -390,7 +390,8 @@ def resolve_resume(run_dir, resume: str | None) -> Path | None:
     try:
         verify_checkpoint(path)
     except CheckpointError as e:
-        hint = (f" ({path} looks like a run directory; use resume=auto with run_dir={path})"
+        hint = (f" ({path} looks like a run directory; continue it with resume=auto output.dir={path.parent} "
+                f"output.name={path.name})"
                 if (path / CHECKPOINTS).is_dir() else "")
         raise CheckpointError(f"resume={resume!r}: {e}{hint}") from e
     return path
