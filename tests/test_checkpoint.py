@@ -3,9 +3,9 @@
 import ast
 import errno
 import json
-import re
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
