@@ -97,6 +97,8 @@ def test_a_resume_with_changed_settings_says_which(tmp_path):
     p = gspo_train(tmp_path, "run", "schedule.rollouts=2", "resume=auto", "optim.lr=0.01", "rollout.group_size=2")
     assert "settings that differ from the checkpoint's: rollout.group_size: 4 -> 2; optim.lr: 0.001 -> 0.01" \
         in p.stderr, p.stderr[-2000:]
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=3", "resume=auto", "lora.enabled=true", check=False)
+    assert p.returncode == 2 and "config field 'lora.enabled': a resume continues the checkpoint's model" in p.stderr
 
 
 def test_kill_9_during_save_keeps_previous_checkpoint(tmp_path, straight):

@@ -401,13 +401,16 @@ def build_run(cfg: Config) -> Run:
     if restart and str(cfg.resume).strip().lower() != "auto":
         raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
                           f"continue it with resume=auto, or choose another output.name")
-    if resume_from is not None and d.is_main:
-        changed = changed_settings(resume_from, cfg)
-        if changed:
-            print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
-                  "The optimizer's state and learning-rate schedule (optim.*) come from the checkpoint; "
-                  "a changed model, data or batch shape makes this no longer the run it continues",
-                  file=sys.stderr)
+    changed = changed_settings(resume_from, cfg) if resume_from is not None else []
+    shape = [c for c in changed if c.startswith(("lora.", "tiny.")) and not c.startswith(("lora.merge_final",
+                                                                                          "lora.dropout"))]
+    if shape:  # the checkpoint's weights would not fit the model built from these settings
+        raise ConfigError(f"config field '{shape[0].split(':')[0]}': a resume continues the checkpoint's model, "
+                          f"which these settings change ({'; '.join(shape)}); start a new run (output.name) instead")
+    if changed and d.is_main:
+        print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
+              "The optimizer's state and learning-rate schedule (optim.*) come from the checkpoint; "
+              "a changed model, data or batch shape makes this no longer the run it continues", file=sys.stderr)
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if restart:  # resume=auto, but the run stopped before its first whole checkpoint: it starts over
         if d.is_main:
