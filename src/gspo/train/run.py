@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from gspo.train import checkpoint as ckpt
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import records_routes
 from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
 from gspo.train.distributed import Dist
+from gspo.train.resume import resume_point
 from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
                          use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
@@ -322,49 +322,6 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = Non
                          world_size=d.world_size, quiet=not d.is_main)
 
 
-def changed_settings(checkpoint_dir: Path, cfg: Config) -> list[str]:
-    """'field: old -> new' for each setting of `cfg` that differs from the checkpoint's own
-    config.yaml, leaving out those a resume is meant to change (resume, schedule.rollouts, the
-    output and logging fields, threads) and those left to "auto", which start-up resolves
-    (the checkpoint holds the resolved value)."""
-    from omegaconf import OmegaConf
-
-    from gspo.config import from_yaml_text
-
-    def flat(c: Config) -> dict:
-        out: dict = {}
-
-        def walk(prefix: str, node) -> None:
-            for k, v in node.items():
-                if isinstance(v, dict):
-                    walk(f"{prefix}{k}.", v)
-                else:
-                    out[f"{prefix}{k}"] = v
-        walk("", OmegaConf.to_container(OmegaConf.structured(c), resolve=True))
-        return out
-
-    path = checkpoint_dir / ckpt.CONFIG_FILE
-    if not path.is_file():
-        return []
-    old, new = flat(from_yaml_text(path.read_text())), flat(cfg)
-    free = ("resume", "schedule.rollouts", "threads", "output.", "logging.", "checkpoint.")
-    return [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
-            if not k.startswith(free) and new[k] != "auto" and old.get(k) != new[k]]
-
-
-def _set_aside(run_dir: Path) -> Path:
-    """Move what a run directory holds into run_dir/stopped-<UTC time>/ (earlier such folders stay)."""
-    import datetime
-    import shutil
-
-    aside = run_dir / f"stopped-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S%fZ}"
-    aside.mkdir()
-    for entry in sorted(run_dir.iterdir()):
-        if entry != aside and not entry.name.startswith("stopped-"):
-            shutil.move(str(entry), str(aside / entry.name))
-    return aside
-
-
 def _enough_rows(cfg: Config, n: int, which: str = "") -> None:
     """A rollout draws rollout.prompts_per_step distinct prompts: the data must hold that many."""
     if n < cfg.rollout.prompts_per_step:
@@ -396,28 +353,7 @@ def build_run(cfg: Config) -> Run:
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     _enough_rows(cfg, len(rows))
-    resume_from = ckpt.resolve_resume(run_dir, cfg.resume)              # checkpoint
-    restart = resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists())
-    if restart and str(cfg.resume).strip().lower() != "auto":
-        raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
-                          f"continue it with resume=auto, or choose another output.name")
-    changed = changed_settings(resume_from, cfg) if resume_from is not None else []
-    shape = [c for c in changed if c.startswith(("lora.", "tiny.")) and not c.startswith(("lora.merge_final",
-                                                                                          "lora.dropout"))]
-    if shape:  # the checkpoint's weights would not fit the model built from these settings
-        raise ConfigError(f"config field '{shape[0].split(':')[0]}': a resume continues the checkpoint's model, "
-                          f"which these settings change ({'; '.join(shape)}); start a new run (output.name) instead")
-    if changed and d.is_main:
-        print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
-              "The optimizer's state and learning-rate schedule (optim.*) come from the checkpoint; "
-              "a changed model, data or batch shape makes this no longer the run it continues", file=sys.stderr)
-    d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
-    if restart:  # resume=auto, but the run stopped before its first whole checkpoint: it starts over
-        if d.is_main:
-            print(f"resume=auto: {run_dir} holds no whole checkpoint (the run stopped before its first), so it "
-                  f"starts again from rollout 0; what the stopped run wrote is kept in {_set_aside(run_dir)}",
-                  file=sys.stderr)
-        d.barrier()
+    resume_from = resume_point(cfg, d)                                   # checkpoint
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list) or tools is not None  # episodes are conversations

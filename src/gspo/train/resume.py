@@ -1,0 +1,79 @@
+"""Where a run starts (`resume_point`): the checkpoint that `resume` names, or none.
+
+- `resume=auto` continues from the run directory's last whole checkpoint. When there is none
+  though the directory holds a run (it stopped before its first checkpoint), the run starts
+  over and what it wrote is set aside in `stopped-<UTC time>/`, never deleted.
+- A run directory that holds a run is refused without `resume=auto` (one run per directory).
+- Settings that differ from the checkpoint's are listed in a warning (`changed_settings`): the
+  optimizer's state and learning-rate schedule come from the checkpoint, so `optim.*` changes
+  do not act. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
+  fit, is refused before the model loads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import sys
+from pathlib import Path
+
+from gspo.config import Config, ConfigError
+from gspo.train import checkpoint as ckpt
+from gspo.train.distributed import Dist
+
+# the settings a resume is meant to change, and those whose change the checkpoint cannot take
+FREE = ("resume", "schedule.rollouts", "threads", "output.", "logging.", "checkpoint.")
+SHAPE, SHAPE_FREE = ("lora.", "tiny."), ("lora.merge_final", "lora.dropout")
+
+
+def changed_settings(checkpoint_dir: Path, cfg: Config) -> list[str]:
+    """'field: old -> new' for each setting of `cfg` that differs from the checkpoint's own
+    config.yaml, leaving out those a resume is meant to change (`FREE`) and those left to
+    "auto", which start-up resolves (the checkpoint holds the resolved value)."""
+    from gspo.config import from_yaml_text
+    from gspo.report.trackers import flat_config
+
+    path = checkpoint_dir / ckpt.CONFIG_FILE
+    if not path.is_file():
+        return []
+    old, new = flat_config(from_yaml_text(path.read_text())), flat_config(cfg)
+    return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in new.items()
+            if not k.startswith(FREE) and v != "auto" and old.get(k) != v]
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move what a run directory holds into run_dir/stopped-<UTC time>/ (earlier such folders stay)."""
+    aside = run_dir / f"stopped-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S%fZ}"
+    aside.mkdir()
+    for entry in sorted(run_dir.iterdir()):
+        if entry != aside and not entry.name.startswith("stopped-"):
+            shutil.move(str(entry), str(aside / entry.name))
+    return aside
+
+
+def resume_point(cfg: Config, d: Dist) -> Path | None:
+    """The checkpoint this run continues from (None: it starts at rollout 0), after the checks
+    above; every rank calls it, and rank 0 alone writes to the run directory."""
+    run_dir = cfg.run_dir
+    resume_from = ckpt.resolve_resume(run_dir, cfg.resume)
+    restart = resume_from is None and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists())
+    if restart and str(cfg.resume).strip().lower() != "auto":
+        raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
+                          f"continue it with resume=auto, or choose another output.name")
+    changed = changed_settings(resume_from, cfg) if resume_from is not None else []
+    shape = [c for c in changed if c.startswith(SHAPE) and not c.startswith(SHAPE_FREE)]
+    if shape:  # the checkpoint's weights would not fit the model built from these settings
+        raise ConfigError(f"config field '{shape[0].split(':')[0]}': a resume continues the checkpoint's model, "
+                          f"which these settings change ({'; '.join(shape)}); start a new run (output.name) instead")
+    if changed and d.is_main:
+        print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
+              "The optimizer's state and learning-rate schedule (optim.*) come from the checkpoint; "
+              "a changed model, data or batch shape makes this no longer the run it continues", file=sys.stderr)
+    d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
+    if restart:
+        if d.is_main:
+            print(f"resume=auto: {run_dir} holds no whole checkpoint (the run stopped before its first), so it "
+                  f"starts again from rollout 0; what the stopped run wrote is kept in {set_aside(run_dir)}",
+                  file=sys.stderr)
+        d.barrier()
+    return resume_from
