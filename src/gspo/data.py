@@ -189,6 +189,13 @@ def load_rows(
 # Prompt text
 
 
+def as_messages(prompt) -> list[dict]:
+    """A dataset prompt as chat messages: a message list as it is, a plain text as one user message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return list(prompt)
+
+
 def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | None = None) -> str:
     """The text the policy is conditioned on.
 
@@ -198,8 +205,8 @@ def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | 
     `tools` (the schemas of a tool episode, [] for a game without tools) the prompt is an
     episode's first context: a plain text becomes one user message, rendered with the schemas.
     """
-    if tools is not None and isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
+    if tools is not None:
+        prompt = as_messages(prompt)
     if isinstance(prompt, str):
         return prompt
     if not getattr(tokenizer, "chat_template", None):

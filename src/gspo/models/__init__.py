@@ -174,13 +174,13 @@ def generation_mode(model):
     wraps, which would otherwise keep the clean one (and save it with the merged model)."""
     from transformers import GenerationConfig
 
-    saved = {id(m): (m, vars(m).get("generation_config", _ABSENT)) for m in model.modules()}
+    saved = [(m, vars(m).get("generation_config", _ABSENT)) for m in model.modules()]
     model.generation_config = GenerationConfig()
     try:
         with eval_mode(model):
             yield model
     finally:
-        for m, cfg in saved.values():
+        for m, cfg in saved:
             if cfg is not _ABSENT:
                 vars(m)["generation_config"] = cfg
             else:

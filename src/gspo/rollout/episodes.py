@@ -62,12 +62,6 @@ def _parse(parser: Callable, text: str) -> list:
                           "not a list of gspo.rollout.tools.ToolCall")
     return list(calls)
 
-def as_messages(prompt) -> list[dict]:
-    """A dataset prompt as chat messages: a message list as it is, a plain text as one user message."""
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    return list(prompt)
-
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
@@ -122,11 +116,8 @@ def inserted_text(tokenizer, messages: list[dict], replies: list[dict], tools: l
     before = render(tokenizer, messages, tools, generation_prompt=False)
     after = render(tokenizer, messages + replies, tools, generation_prompt=True)
     cut = before.rfind(eos_text) if eos_text else -1
-    if after.startswith(before):
-        tail = before[cut + len(eos_text):] if cut >= 0 else ""
-        return tail + after[len(before):]
-    if cut < 0:
-        return None
+    if cut < 0:  # no EOS text in the rendering: what the replies add, if it only adds
+        return after[len(before):] if after.startswith(before) else None
     prev = before.rfind(eos_text, 0, cut)  # the end of the turn before the model's
     start = prev + len(eos_text) if prev >= 0 else 0
     end = after.find(eos_text, start)  # the model's turn, as rendered with the replies after it

@@ -21,7 +21,7 @@ import torch
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import records_routes
-from gspo.data import DataError, PromptStream, filter_long_prompts, load_rows
+from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts, load_rows
 from gspo.train.distributed import Dist
 from gspo.train.resume import resume_point
 from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
@@ -510,7 +510,7 @@ def episode_tools(cfg: Config, loaded=None) -> Tools | None:
 def play_episodes(cfg: Config, generator, tokenizer, tools: Tools, rows: list[dict], *, seed: int, offset: int,
                   group_size: int | None = None):
     """rollout.group_size episodes of each row's prompt (`gspo.rollout.episodes.run_episodes`)."""
-    from gspo.rollout.episodes import as_messages, run_episodes
+    from gspo.rollout.episodes import run_episodes
 
     r = cfg.rollout
     return run_episodes(generator, tokenizer, [as_messages(x["prompt"]) for x in rows], group_size or r.group_size,
