@@ -84,16 +84,25 @@ def _serve() -> dict:
             reply({"started": pid, "id": req["id"]})
 
 
-def _child(req: dict) -> None:
-    """Become `python -m gspo ARGV` with the request's environment, directory and output files."""
+def _fresh_process_state(env: dict) -> None:
+    """What a fresh interpreter would start with that a fork inherits: the environment, and
+    unseeded `random` and numpy generators."""
     import random
 
     import numpy as np
+
+    os.environ.clear()
+    os.environ.update(env)
+    random.seed()
+    np.random.seed()
+
+
+def _child(req: dict) -> None:
+    """Become `python -m gspo ARGV` with the request's environment, directory and output files."""
     import torch
 
     env = req["env"]
-    os.environ.clear()
-    os.environ.update(env)
+    _fresh_process_state(env)
     os.chdir(req["cwd"])
     for path in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
         if path not in sys.path:
@@ -102,8 +111,6 @@ def _child(req: dict) -> None:
         sys.path.insert(0, "")
     if env.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    random.seed()
-    np.random.seed()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
@@ -122,7 +129,24 @@ def _child(req: dict) -> None:
     sys.exit(main(req["argv"]))
 
 
-class _ForkedPopen:
+class _Signals:
+    """Popen's signal methods, for a process with `pid` and `poll()`."""
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended (and reaped) since poll(), as Popen allows
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class _ForkedPopen(_Signals):
     """`subprocess.Popen([python, "-c", CODE], env=ENV, stdin=PIPE)` as a fork of this process
     (the learner) that runs CODE: still the learner's child, with its own pid, exit status and
     signals, its stdin a pipe, its stdout and stderr the learner's, as a spawned one's are."""
@@ -158,32 +182,17 @@ class _ForkedPopen:
             time.sleep(0.01)
         return self.returncode
 
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 def _run_code(code: str, env: dict) -> None:
     """In a forked child: run CODE as `python -c CODE` would, then end as the interpreter does
     (non-daemon threads joined, atexit handlers run, streams flushed) with its exit status."""
     import atexit
-    import random
     import traceback
 
-    import numpy as np
-
-    os.environ.clear()
-    os.environ.update(env)
+    _fresh_process_state(env)
     sys.stdin = open(0, closefd=False)
     sys.argv = ["-c"]
-    random.seed()
-    np.random.seed()
     rc = 0
     try:
         exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
@@ -281,7 +290,7 @@ def _get_server() -> _Server:
     return _server
 
 
-class GspoProcess:
+class GspoProcess(_Signals):
     """A running `gspo` command (what `subprocess.Popen` offers that the tests use). Its stdout
     and stderr go to files, readable while it runs (`read_stderr`)."""
 
@@ -304,19 +313,6 @@ class GspoProcess:
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:  # ended (and reaped by the server) since poll(), as Popen allows
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def read_stdout(self) -> str:
         return Path(self._out).read_text() if os.path.exists(self._out) else ""
