@@ -127,6 +127,7 @@ class Scripted:
     def __init__(self, tok, turns: list[str], max_new_tokens: int = 200):
         self.tok, self.turns, self.max_new_tokens = tok, turns, max_new_tokens
         self.eos_token_ids, self.pad_token_id = [tok.eos_token_id], tok.pad_token_id
+        self.end_id = tok.eos_token_id  # the EOS each scripted turn ends with
         self.model = torch.nn.Linear(1, 1)
         self.contexts: list[list[int]] = []
         self.turn = 0
@@ -136,7 +137,7 @@ class Scripted:
         self.turn += 1
         self.contexts += [list(r) for r in rows]
         eos = not text.endswith("…")
-        ids = self.tok(text.rstrip("…"), add_special_tokens=False)["input_ids"] + ([self.tok.eos_token_id] if eos else [])
+        ids = self.tok(text.rstrip("…"), add_special_tokens=False)["input_ids"] + ([self.end_id] if eos else [])
         ids = ids[:max_new_tokens or self.max_new_tokens]
         n = len(rows)
         comp = torch.tensor([ids] * n)
@@ -236,6 +237,21 @@ def test_the_text_after_a_turn_follows_the_eos_the_model_sampled_of_several():
     turn1 = enc(call("add", a=2, b=3)) + [tok.eos_token_id]
     want = turn1 + enc("\ntool: 5\nassistant: ")  # the template's "\n" after the turn's EOS included
     assert ro.completion_ids[0, :len(want)].tolist() == want
+
+
+def test_a_turn_ended_by_an_eos_the_template_does_not_write_is_closed_where_the_template_closes_it():
+    """Qwen3 lists <|im_end|> and <|endoftext|>; its template closes a turn with <|im_end|> only.
+    A turn the model ended with the other EOS still gets the template's text after the turn."""
+    tok = build_char_tokenizer(CHARS)
+    gen = Scripted(tok, [call("add", a=2, b=3), "5"])
+    gen.eos_token_ids = [tok.eos_token_id, tok.bos_token_id]
+    gen.end_id = tok.bos_token_id  # sampled, and never written by the template
+    with ToolRunner([add], num_workers=0) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "what is 2+3?"}]], 1, tools=[add], runner=runner,
+                          parser=parse_hermes, max_turns=4, max_tokens=400)
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    want = enc(call("add", a=2, b=3)) + [tok.bos_token_id] + enc("\ntool: 5\nassistant: ")
+    assert ro.finish_reason == ["done"] and ro.completion_ids[0, :len(want)].tolist() == want
 
 
 # ------------------------------------------------------------------ a real model across turns

@@ -104,9 +104,12 @@ def check_tool_template(tokenizer, schemas: list[dict]) -> str | None:
 
 
 def inserted_text(tokenizer, messages: list[dict], replies: list[dict], tools: list[dict] | None,
-                  eos_text: str) -> str | None:
+                  eos_text: str | Sequence[str]) -> str | None:
     """The template's text between the model's EOS that ended its turn (`messages[-1]`, the
-    assistant's) and the next generation prompt, tool replies included.
+    assistant's) and the next generation prompt, tool replies included. `eos_text`: the EOS
+    the model sampled, or several texts, the sampled one first: the first that the template
+    writes is the turn's end (a model may stop at <|endoftext|> where the template closes the
+    turn with <|im_end|>).
 
     Some templates render a turn differently once it is no longer the last: Qwen3's writes an
     empty ``<think>`` block into the last assistant turn only. Then the text is what follows
@@ -115,6 +118,8 @@ def inserted_text(tokenizer, messages: list[dict], replies: list[dict], tools: l
     the template's would part ways)."""
     before = render(tokenizer, messages, tools, generation_prompt=False)
     after = render(tokenizer, messages + replies, tools, generation_prompt=True)
+    texts = [eos_text] if isinstance(eos_text, str) else list(eos_text)
+    eos_text = next((t for t in texts if t and t in before), "")
     cut = before.rfind(eos_text) if eos_text else -1
     if cut < 0:  # no EOS text in the rendering: what the replies add, if it only adds
         return after[len(before):] if after.startswith(before) else None
@@ -145,6 +150,7 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
     env = runner.env_class
     schemas = episode_schemas(tools, env)
     eos_ids = list(generator.eos_token_ids)
+    eos_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in eos_ids]
     n_ep = len(prompts) * group_size
     first = runner.reset([dict(rows[i // group_size]) if rows else {} for i in range(n_ep)]) if env is not None \
         else [("ok", None)] * n_ep
@@ -216,8 +222,8 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
                 e.finish = "error"
                 continue
             try:
-                eos_text = tokenizer.decode(new[-1:], skip_special_tokens=False)  # the EOS it sampled
-                between = inserted_text(tokenizer, e.messages, msgs, schemas, eos_text)
+                between = inserted_text(tokenizer, e.messages, msgs, schemas,
+                                        [tokenizer.decode(new[-1:], skip_special_tokens=False), *eos_texts])
             except Exception:  # the template cannot render these messages
                 between = None
             if between is None:
