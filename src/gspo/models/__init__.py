@@ -4,9 +4,11 @@ log-probabilities are computed in `gspo.models.logprobs`."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import re
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -208,6 +210,51 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that restart at 0 at each row's first real token, so a left-padded prompt
     sees the same rotary positions as the unpadded one. (N, L) → (N, L) long."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+# ----------------------------------------------------------------------------- half precision's speed
+
+HALF_SLOWDOWN_WARN = 2.0  # warn when a half-precision matmul runs this many times slower than fp32
+
+
+@functools.lru_cache(maxsize=None)
+def half_matmul_slowdown(device_type: str, dtype: torch.dtype) -> float:
+    """How many times longer a `dtype` matmul takes than the same fp32 one on this machine's CPU,
+    measured (a 256-square product, best of 3 each, on the threads in force): a CPU with a bf16
+    matrix unit (AMX, AVX-512 BF16, Arm's BF16 extensions) runs bf16 ~2-4x faster, one without
+    emulates it, ~25x slower on an AVX2 EPYC. Measured rather than read from the CPU's flags,
+    since what counts is what torch's kernels make of them. 1.0 off the CPU (GPUs that lack
+    bf16 are refused by torch itself)."""
+    if device_type != "cpu" or dtype == torch.float32:
+        return 1.0
+
+    def best(dt: torch.dtype) -> float:
+        x = torch.ones(256, 256, dtype=dt)
+        times = []
+        for _ in range(4):  # the first call warms up
+            t = time.perf_counter()
+            torch.mm(x, x)
+            times.append(time.perf_counter() - t)
+        return min(times[1:])
+
+    with torch.inference_mode():
+        return best(dtype) / max(best(torch.float32), 1e-9)
+
+
+def half_precision_warnings(settings: dict[str, str], device: torch.device) -> list[str]:
+    """One line for each setting ({field: value}, e.g. {"model.mixed_precision": "bf16"}) whose
+    half precision runs slower than fp32 on `device`; settings at fp32 cost nothing to check."""
+    lines = []
+    for name, value in settings.items():
+        dtype = _DTYPES.get(value)
+        if dtype not in (torch.bfloat16, torch.float16):
+            continue
+        slow = half_matmul_slowdown(device.type, dtype)
+        if slow >= HALF_SLOWDOWN_WARN:
+            lines.append(f"{name}={value}: {value} matrix products run {slow:.0f}x slower than float32 on this CPU "
+                         f"(it has no {value} matrix unit, such as AMX), so this run would be faster at float32: "
+                         f"set {name}={'float32' if name == 'model.dtype' else 'no'}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- attention on a CPU

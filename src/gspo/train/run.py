@@ -24,8 +24,8 @@ from gspo.config.rules import records_routes
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts, load_rows
 from gspo.train.distributed import Dist
 from gspo.train.resume import resume_point
-from gspo.models import (load_policy, resolve_device, set_activation_checkpointing, set_trainer_mode,
-                         use_cpu_gqa_attention)
+from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
+                         set_trainer_mode, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
@@ -374,6 +374,11 @@ def build_run(cfg: Config) -> Run:
         if warning and d.is_main:
             print(f"warning: {warning}", file=sys.stderr)
     threads_for_model(cfg, model)
+    if d.is_main:  # half precision where this CPU emulates it (measured after the thread count is set)
+        settings = {"model.dtype": cfg.model.dtype, "model.mixed_precision": cfg.model.mixed_precision,
+                    "rollout.mixed_precision": cfg.rollout.mixed_precision}
+        for line in half_precision_warnings(settings, d.device):
+            print(f"warning: {line}", file=sys.stderr)
     rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)
     eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens, schemas) if eval_rows else ([], 0)
     if dropped and d.is_main:
