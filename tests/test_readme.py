@@ -81,19 +81,37 @@ def run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
     return p
 
 
-@pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("readme")
     shutil.copytree(ROOT / "examples", d / "examples")
     return d
 
 
-def test_readme_commands_run(workdir):
-    cmds = [c for c in readme_commands() if "gspo " in gspo_part(c) + " " or gspo_part(c).startswith("torchrun")]
-    demo = [c for c in cmds if gspo_part(c).startswith("gspo demo")]
-    rest = [c for c in cmds if c not in demo]
-    for c in demo + rest:  # the demo first: eval and report read its output
-        run(c, workdir)
-    summary = json.loads((workdir / "runs" / "demo" / "summary.json").read_text())
+def _runnable() -> list[str]:
+    return [c for c in readme_commands() if "gspo " in gspo_part(c) + " " or gspo_part(c).startswith("torchrun")]
+
+
+def _reads_the_demo(cmd: str) -> bool:
+    return gspo_part(cmd).startswith("gspo demo") or "runs/demo" in cmd
+
+
+def test_the_demo_then_the_commands_that_read_its_run(tmp_path_factory):
+    """`gspo demo` first, then what reads its output (eval, report), in README order."""
+    d = workdir(tmp_path_factory)
+    cmds = [c for c in _runnable() if _reads_the_demo(c)]
+    assert len(cmds) >= 3 and gspo_part(cmds[0]).startswith("gspo demo")
+    for c in cmds:
+        run(c, d)
+    summary = json.loads((d / "runs" / "demo" / "summary.json").read_text())
     assert {"accuracy_before_rl", "accuracy_after_rl", "seconds"} <= set(summary)
-    assert (workdir / "runs" / "demo" / "report.html").exists()
+    assert (d / "runs" / "demo" / "report.html").exists()
+
+
+@pytest.mark.parametrize("cmd", [c for c in _runnable() if not _reads_the_demo(c)])
+def test_readme_command_runs(cmd, tmp_path_factory):
+    """Each of the others on its own (they read nothing another wrote), so they spread over workers."""
+    run(cmd, workdir(tmp_path_factory))
+
+
+def test_every_runnable_readme_command_is_run():
+    assert len(_runnable()) >= 8 and len([c for c in _runnable() if not _reads_the_demo(c)]) >= 5

@@ -153,6 +153,28 @@ def test_resume_of_finished_run_exits_0_without_training(tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
+def test_a_finished_run_given_more_rollouts_trains_on_to_what_a_straight_run_trains(tmp_path, straight):
+    """A finished run of 2 rollouts, resumed with schedule.rollouts=4 (the straight run's), continues
+    from its last checkpoint: the same weights and optimizer state as the run of 4, bitwise, and a
+    final/ that is the longer run's."""
+    gspo_train(tmp_path, "run", "schedule.rollouts=2")
+    p = gspo_train(tmp_path, "run", "resume=auto")
+    assert "finished at rollout 2; schedule.rollouts=4 extends it" in p.stdout
+    assert "differ from the checkpoint" not in p.stderr  # schedule.rollouts is what a resume may change
+    run = tmp_path / "run"
+    (m1, o1), (m2, o2) = final_state(run), final_state(straight)
+    assert m1.keys() == m2.keys() and all(torch.equal(m1[k], m2[k]) for k in m1)  # bitwise
+    assert all(torch.equal(v, o2["state"][pid][k]) for pid, st in o1["state"].items() for k, v in st.items())
+    a, b = load_file(run / "final" / "model.safetensors"), load_file(straight / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in b)  # final/ is the longer run's
+
+    def without_eval(d: Path) -> list[dict]:  # the 2-rollout run also evaluated at its end
+        return [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in metrics_without_timings(d)]
+
+    assert without_eval(run) == without_eval(straight)  # every step once, with the same values
+    assert sampled_prompts(run) == sampled_prompts(straight)
+
+
 def test_corrupt_checkpoints_are_skipped_or_fatal(tmp_path):
     gspo_train(tmp_path, "run", "schedule.rollouts=3", faults="exit_after_rollout=2", check=False)
     ck = tmp_path / "run" / "checkpoints"

@@ -95,3 +95,31 @@ def test_with_tools_the_prompt_length_limit_counts_the_schemas_the_template_show
     assert filter_long_prompts(rows[1:], tok, 100) == (rows[1:], 0)  # 54 tokens alone: it fits
     assert filter_long_prompts(rows, tok, 100, [tool_schema(add)]) == ([], 2)  # 392 with the schemas
     assert filter_long_prompts(rows, tok, 392, [tool_schema(add)]) == (rows, 0)
+
+
+# A template in the Llama 3.1 style (written here): header-delimited turns ended by <|eot_id|>, a
+# tool's reply in an "ipython" turn, the model's call a bare JSON object (rollout.tool_parser=llama3_json).
+LLAMA_STYLE = (
+    "{{ '<|begin_of_text|>' }}{% for m in messages %}"
+    "{% set role = 'ipython' if m.role == 'tool' else m.role %}"
+    "<|start_header_id|>{{ role }}<|end_header_id|>{{ '\\n\\n' }}"
+    "{% if loop.first and tools %}Tools: {% for t in tools %}{{ t | tojson }}{% endfor %}{{ '\\n\\n' }}{% endif %}"
+    "{{ m.content }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{{ '\\n\\n' }}{% endif %}"
+)
+
+
+def test_a_llama_style_episode_reads_the_json_call_and_inserts_an_ipython_turn():
+    from gspo.rollout.episodes import check_tool_template, inserted_text
+    from gspo.rollout.tools import ToolCall, parse_llama3_json
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = LLAMA_STYLE
+    schema = [tool_schema(add)]
+    assert check_tool_template(tok, schema) is None  # renders tool replies and the schemas
+    turn = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    assert parse_llama3_json(turn) == [ToolCall("add", {"a": 2, "b": 3})]
+    messages = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": turn}]
+    got = inserted_text(tok, messages, [{"role": "tool", "name": "add", "content": "5"}], schema, "<|eot_id|>")
+    assert got == ("<|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n")

@@ -18,7 +18,8 @@ from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 from gspo.rollout import HFGenerator, Rollout
 from gspo.rollout.episodes import run_episodes
-from gspo.rollout.tools import ToolCall, ToolConfigError, ToolRunner, load_tools, parse_hermes, tool_schema
+from gspo.rollout.tools import (ToolCall, ToolConfigError, ToolRunner, load_tools, parse_hermes, parse_llama3_json,
+                               resolve_parser, tool_schema)
 
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
@@ -81,6 +82,21 @@ def test_hermes_calls_are_parsed_and_broken_ones_say_why():
                        '<tool_call>{"name": "add", "arguments": 3}</tool_call>')
     assert [c.error is not None for c in bad] == [True, True, True]
     assert "not JSON" in bad[0].error and "name" in bad[1].error and "object" in bad[2].error
+
+
+def test_llama3_json_calls_are_the_whole_turn_and_broken_ones_say_why():
+    assert resolve_parser("llama3_json") is parse_llama3_json
+    one = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    assert parse_llama3_json(one) == [ToolCall("add", {"a": 2, "b": 3})]
+    assert parse_llama3_json(f"<|python_tag|>{one}; " + '{"name": "add", "arguments": {"a": 1, "b": 1}}\n') == \
+        [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 1, "b": 1})]  # "arguments" too, ';' between
+    assert parse_llama3_json("The answer is 5.") == [] and parse_llama3_json("") == []  # an answer: no call
+    assert parse_llama3_json(f"I will call {one}") == []  # a call is the whole turn, as the template asks
+    for text, why in [('{"name": "add", "parameters": {"a": 2', "not JSON"), ('{"parameters": {}}', "name"),
+                      (f"{one} and then some words", "text after"), ('{"name": "add", "parameters": [1]}', "object")]:
+        got = parse_llama3_json(text)
+        assert got[-1].error is not None and why in got[-1].error, (text, got)
+    assert parse_llama3_json(f"{one} trailing")[0] == ToolCall("add", {"a": 2, "b": 3})  # the call before is kept
 
 
 def test_every_bad_call_gets_a_reply_and_an_outcome():

@@ -68,6 +68,23 @@ class ToolReply:
 
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def _json_call(obj) -> ToolCall:
+    """A call from its JSON object: {"name": str, "arguments" (or Llama's "parameters"): an
+    object, or a JSON string of one}; anything else is a malformed call saying why."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return ToolCall("", error="no \"name\" string")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return ToolCall(obj["name"], error="\"arguments\" is a string that is not JSON")
+    if not isinstance(args, dict):
+        return ToolCall(obj["name"], error="\"arguments\" is not an object")
+    return ToolCall(obj["name"], args)
 
 
 def parse_hermes(text: str) -> list[ToolCall]:
@@ -77,28 +94,39 @@ def parse_hermes(text: str) -> list[ToolCall]:
     calls = []
     for body in _HERMES.findall(text):
         try:
-            obj = json.loads(body)
+            calls.append(_json_call(json.loads(body)))
         except json.JSONDecodeError as e:
             calls.append(ToolCall("", error=f"not JSON ({e.msg} at {e.pos})"))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            calls.append(ToolCall("", error="no \"name\" string"))
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                calls.append(ToolCall(obj["name"], error="\"arguments\" is a string that is not JSON"))
-                continue
-        if not isinstance(args, dict):
-            calls.append(ToolCall(obj["name"], error="\"arguments\" is not an object"))
-            continue
-        calls.append(ToolCall(obj["name"], args))
     return calls
 
 
-PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes}
+def parse_llama3_json(text: str) -> list[ToolCall]:
+    """Llama 3.1-3.3's JSON tool calls (the format their templates show the model): the whole
+    turn is ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``, several
+    calls separated by ";". A turn that does not start with "{" is an answer, with no call; one
+    that does but is not such JSON throughout is one malformed call."""
+    body = text.strip()
+    if body.startswith(_PYTHON_TAG):
+        body = body[len(_PYTHON_TAG):].lstrip()
+    if not body.startswith("{"):
+        return []
+    calls, decoder, pos = [], json.JSONDecoder(), 0
+    while pos < len(body):
+        try:
+            obj, pos = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError as e:
+            return calls + [ToolCall("", error=f"not JSON ({e.msg} at {e.pos})")]
+        calls.append(_json_call(obj))
+        rest = body[pos:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        if rest and not rest.startswith("{"):
+            return calls + [ToolCall("", error="text after the JSON call")]
+        pos = len(body) - len(rest)
+    return calls
+
+
+PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes, "llama3_json": parse_llama3_json}
 
 
 def resolve_parser(name: str) -> Callable[[str], list[ToolCall]]:

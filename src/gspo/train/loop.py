@@ -384,6 +384,12 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     if run.resume_from is not None:
         state = TrainerState(**checkpoint.restore_run(run, run.resume_from))
         inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
+        if state.finished and state.rollout < total:  # schedule.rollouts raised: train on from the last rollout
+            state.finished = False
+            if d.is_main:
+                print(f"run {run_dir} finished at rollout {state.rollout}; schedule.rollouts={total} extends it"
+                      + (" (the cosine learning-rate schedule is stretched over the new total)"
+                         if cfg.schedule.lr_schedule == "cosine" else ""))
         if state.finished:
             if d.broadcast_object(not (run_dir / "final").is_dir()):  # killed while writing final/
                 checkpoint.save_final(run)
