@@ -32,3 +32,18 @@ def none_for_all(prompts, completions, **kwargs):
 
 def always_raises(prompts, completions, **kwargs):
     raise ValueError("this reward function always fails")
+
+
+def count_ones_until_told(prompts, completions, **kwargs):
+    """count_ones, except that the call that finds the file named by GSPO_TEST_RAISE_FILE (written
+    by the test at the rollout it wants to fail) raises, once: the file is removed as it does."""
+    import os
+
+    flag = os.environ.get("GSPO_TEST_RAISE_FILE")
+    calls = os.environ.get("GSPO_TEST_CALLS_FILE")
+    if calls:
+        n = int(open(calls).read() or 0) + 1 if os.path.exists(calls) else 1
+        open(calls, "w").write(str(n))
+        if flag and n == int(os.environ.get("GSPO_TEST_RAISE_AT", "0")):
+            raise RuntimeError("the reward service is down")
+    return count_ones(prompts, completions)

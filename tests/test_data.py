@@ -106,6 +106,16 @@ def test_a_line_that_is_not_utf8_names_file_and_line(tmp_path):
         load_rows(path)
 
 
+def test_a_byte_order_mark_some_editors_write_is_read_past(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n'.encode("utf-8"))
+    assert [r["prompt"] for r in load_rows(path)] == ["a", "b"]
+    bad = tmp_path / "e.jsonl"
+    bad.write_bytes('{"prompt": "a"}\n'.encode("utf-8") + b"\xef\xbb\xbf" + b'{"prompt": "b"}\n')
+    with pytest.raises(DataError, match=r"e\.jsonl: line 2"):  # only a file's first line may start with one
+        load_rows(bad)
+
+
 @pytest.mark.parametrize("column", ["completions", "prompts"])
 def test_a_column_named_as_a_reward_argument_is_refused_naming_the_row(column):
     with pytest.raises(DataError, match=rf"src: row 1 has a column '{column}'.*rename the column"):

@@ -175,6 +175,28 @@ def test_a_finished_run_given_more_rollouts_trains_on_to_what_a_straight_run_tra
     assert sampled_prompts(run) == sampled_prompts(straight)
 
 
+def test_a_reward_that_raises_keeps_the_rollouts_before_it_and_resume_is_exact(tmp_path, straight):
+    """No checkpoint is due (checkpoint.every=0) when the reward raises while rollout 3 is scored:
+    the state after rollout 2 is saved before the run stops, and resume=auto then trains to what
+    the uninterrupted run trains, bitwise."""
+    reward = "rewards.functions=[{name: 'gspo_test_rewards:count_ones_until_told'}]"
+    env = {**_env(), "GSPO_TEST_CALLS_FILE": str(tmp_path / "calls"), "GSPO_TEST_RAISE_FILE": "1",
+           "GSPO_TEST_RAISE_AT": "4"}  # call 1 is the evaluation at the start
+    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", reward]
+    p = gspo(common, env=env, timeout=300)
+    assert p.returncode != 0 and "the reward service is down" in p.stderr
+    assert "saved the state after rollout 2" in p.stderr
+    ck = tmp_path / "run" / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "step-4"  # 2 rollouts x 2 minibatches
+    p = gspo([*common, "resume=auto"], env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed from" in p.stdout and "differ from the checkpoint" not in p.stderr
+    (m1, o1), (m2, o2) = final_state(tmp_path / "run"), final_state(straight)
+    assert all(torch.equal(m1[k], m2[k]) for k in m2)  # count_ones' values: the straight run's rewards
+    assert all(torch.equal(v, o2["state"][pid][k]) for pid, st in o1["state"].items() for k, v in st.items())
+    assert sampled_prompts(tmp_path / "run") == sampled_prompts(straight)
+
+
 def test_corrupt_checkpoints_are_skipped_or_fatal(tmp_path):
     gspo_train(tmp_path, "run", "schedule.rollouts=3", faults="exit_after_rollout=2", check=False)
     ck = tmp_path / "run" / "checkpoints"

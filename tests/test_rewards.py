@@ -262,6 +262,48 @@ def test_numpy_and_bool_values_accepted():
         assert r.score(["p"] * 2, ["a", "b"]).rewards.tolist() == [1.0, 0.0]
 
 
+def test_numpy_scalars_and_zero_d_tensors_are_numbers():
+    import numpy as np
+
+    def scalars(prompts, completions, **kw):  # list(arr % 2 == 0) gives np.bool_, a tensor's items are 0-d
+        return [np.bool_(True), np.float32(0.5), torch.tensor(2.0), np.int64(3)]
+
+    with RewardRunner([scalars], num_workers=0) as r:
+        assert r.score(["p"] * 4, ["a", "b", "c", "d"]).rewards.tolist() == [1.0, 0.5, 2.0, 3.0]
+
+
+def trl_style(completions, **kwargs):  # TRL's quickstart signature: completions by keyword
+    return [float(len(c)) for c in completions]
+
+
+def trl_with_column(completions, answer, **kwargs):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+def keyword_only(*, prompts, completions, **kwargs):
+    return [float(p == "q") for p in prompts]
+
+
+def positional_names(ps, cs, **kwargs):  # any names: the two come first, by position
+    return [float(len(c) + len(p)) for p, c in zip(ps, cs)]
+
+
+async def async_reward(prompts, completions, **kwargs):
+    return [1.0 for _ in completions]
+
+
+@pytest.mark.parametrize("fn, expected", [
+    (trl_style, [1.0, 2.0]), (trl_with_column, [1.0, 0.0]), (keyword_only, [1.0, 0.0]),
+    (positional_names, [2.0, 3.0]), (async_reward, [1.0, 1.0]),
+])
+def test_reward_signatures_as_trl_calls_them(fn, expected):
+    """TRL passes prompts= and completions= by keyword and awaits async functions; gspo does the
+    same wherever a function names those parameters, and passes them first otherwise."""
+    for workers in (0, 1):
+        with RewardRunner([fn], num_workers=workers) as r:
+            assert r.score(["q", "r"], ["a", "bb"], {"answer": ["a", "x"]}).rewards.tolist() == expected
+
+
 def test_math_verify_in_runner():
     with RewardRunner(["math_verify"], timeout_s=20.0) as r:
         res = r.score(["q"] * 2, ["\\boxed{1/2}", "\\boxed{2}"], {"answer": ["0.5", "3"]})

@@ -157,6 +157,25 @@ def test_plain_jsonl_with_ragged_columns(saved, tmp_path, capsys):
     assert m["eval/num_prompts"] == 4
 
 
+def test_eval_takes_the_configs_dataset_and_refuses_bad_counts(saved, tmp_path, capsys):
+    """`gspo eval MODEL --config C` evaluates C's data.source (a dataset named on the command line
+    wins); counts below their minimum are one error naming the flag, before the model loads."""
+    data = artifacts.write_plain_jsonl(tmp_path / "plain.jsonl")
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"data:\n  source: {data}\neval:\n  num_prompts: 3\nrewards:\n  functions:\n"
+                   f"    - name: exact_answer\n")
+    m = cli_eval(capsys, saved("llama"), "--config", cfg)
+    assert m["eval/num_prompts"] == 3  # the file's rows, not the built-in task's 100
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(f"data:\n  source: {tmp_path / 'nowhere.jsonl'}\n")
+    assert main(["eval", str(saved("llama")), "--config", str(missing)]) == 2
+    assert "nowhere.jsonl" in capsys.readouterr().err
+    for flag, value in (("--num-prompts", "0"), ("--pass-k", "-1"), ("--max-new-tokens", "0")):
+        assert main(["eval", str(saved("llama")), flag, value]) == 2
+        err = capsys.readouterr().err
+        assert flag in err and "Traceback" not in err
+
+
 # ----------------------------------------------------------------------------- loading and special tokens
 
 

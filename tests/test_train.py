@@ -116,6 +116,16 @@ def test_help_lists_every_field(capsys):
     ("rollout.group_size=abc", "rollout.group_size"),
     ("rewards.functions=[{name: code_tests}]", "rewards.allow_code_execution"),  # opt-in only
     ("algo.eps_low=5e-4", "algo.eps_low"),        # above eps_high's default 4e-4: out of order
+    ("rewards.functions.0.name=exact_answer", "rewards.functions=[{name: exact_answer}]"),  # a list by index
+    ("optim.lr=inf", "optim.lr"),                 # would train to a non-finite model
+    ("optim.beta1=2", "optim.beta1"),
+    ("optim.weight_decay=-1", "optim.weight_decay"),
+    ("algo.adv_eps=-1", "algo.adv_eps"),
+    ("seed=-1", "seed"),
+    ("tiny.hidden_size=33", "tiny.hidden_size"),
+    ("tiny.num_layers=0", "tiny.num_layers"),
+    ("rollout.temperature=inf", "rollout.temperature"),
+    ("eval.num_prompts=-1", "eval.num_prompts"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, override, field, capsys):
     rc, _ = run(tmp_path, override)
@@ -145,6 +155,14 @@ def test_dataset_without_prompt_column_or_empty(tmp_path, capsys):
     empty.write_text("")
     rc, _ = run(tmp_path, f"data.source={empty}", name="r2")
     assert rc == 2 and "empty.jsonl" in capsys.readouterr().err
+
+
+def test_a_yaml_file_that_is_not_a_mapping_is_one_error(tmp_path, capsys):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- rollout.group_size: 4\n")
+    assert main(["train", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "list.yaml" in err and "not a mapping" in err and "Traceback" not in err
 
 
 def test_unwritable_output_dir(tmp_path, capsys):

@@ -44,7 +44,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
-    from gspo.config import load_config
+    from gspo.config import ConfigError, load_config
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
@@ -53,8 +53,17 @@ def cmd_eval(args) -> int:
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
              "rollout.max_new_tokens": args.max_new_tokens}  # unset flags keep the config's values
-    overrides = [f"model.name_or_path={args.model}", f"data.source={args.data}",
-                 *(f"{k}={v}" for k, v in flags.items() if v is not None), *args.overrides]
+    for flag, value in (("--num-prompts", args.num_prompts), ("--pass-k", args.pass_k),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < (0 if flag == "--pass-k" else 1):
+            raise ConfigError(f"gspo eval {flag}: must be >= {0 if flag == '--pass-k' else 1}, got {value}")
+    data, extra = args.data, []
+    if data is not None and "=" in data and not os.path.exists(data):  # `gspo eval MODEL key=value`: no dataset
+        data, extra = None, [data]
+    if data is None and args.config is None:
+        data = "arithmetic"  # no dataset named anywhere: the built-in task
+    overrides = [f"model.name_or_path={args.model}", *([f"data.source={data}"] if data is not None else []),
+                 *(f"{k}={v}" for k, v in flags.items() if v is not None), *extra, *args.overrides]
     cfg = load_config(args.config, overrides)
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
@@ -110,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a task or dataset")
     e.add_argument("model", help="HF model id or local path (e.g. runs/NAME/final)")
-    e.add_argument("data", nargs="?", default="arithmetic", help="built-in task name or dataset path")
+    e.add_argument("data", nargs="?", default=None,
+                   help="built-in task name or dataset path (default: the --config's data.source, else arithmetic)")
     e.add_argument("--config", default=None, help="YAML config for rewards and sampling settings")
     e.add_argument("--num-prompts", type=int, default=None, help="held-out prompts (default: eval.num_prompts)")
     e.add_argument("--pass-k", type=int, default=None, help="also report pass@k (default: eval.pass_k)")

@@ -47,7 +47,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM some editors write
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}: line {lineno} is not UTF-8 (byte {raw[e.start]:#04x} at column "
                                 f"{e.start + 1}); JSONL files are UTF-8: re-save it as UTF-8") from e

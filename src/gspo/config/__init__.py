@@ -13,7 +13,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for users)
+from omegaconf import DictConfig, MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for users)
 from omegaconf.errors import OmegaConfBaseException
 
 from gspo.config.fields import (  # noqa: F401  (the names users import from gspo.config)
@@ -52,9 +52,16 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             layers.append(OmegaConf.load(p))
         except Exception as e:  # yaml syntax errors
             raise ConfigError(f"config file {p}: {e}") from None
+        if not isinstance(layers[-1], DictConfig):
+            raise ConfigError(f"config file {p}: its top level is a {type(layers[-1]).__name__}, not a mapping of "
+                              f"sections (model:, rollout:, ...)")
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"override '{o}' is not of the form key=value (e.g. rollout.group_size=16)")
+        key = o.split("=", 1)[0].strip()
+        if any(part.isdigit() for part in key.split(".")):  # OmegaConf would build a mapping where a list is
+            raise ConfigError(f"override '{o}': a list is set whole on the command line, e.g. "
+                              f"'rewards.functions=[{{name: exact_answer}}]', not one item by its index")
     try:
         if overrides:
             layers.append(OmegaConf.from_dotlist(list(overrides)))

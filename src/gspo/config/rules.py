@@ -68,6 +68,9 @@ def validate(cfg: Config) -> None:
     _check(dc.timeout_s > 0, "distributed.timeout_s", "must be > 0")
     _check(m.logprob_chunk_size >= 1, "model.logprob_chunk_size", "must be >= 1")
     t = cfg.tiny
+    _check(t.hidden_size >= 8 and t.hidden_size % 8 == 0, "tiny.hidden_size",
+           f"must be a positive multiple of 8 (4 attention heads of an even size), got {t.hidden_size}")
+    _check(t.num_layers >= 1, "tiny.num_layers", "must be >= 1")
     _check(t.num_experts >= 1, "tiny.num_experts", "must be >= 1")
     _check(1 <= t.experts_per_tok <= t.num_experts, "tiny.experts_per_tok",
            f"must be in [1, tiny.num_experts={t.num_experts}]")
@@ -75,7 +78,8 @@ def validate(cfg: Config) -> None:
     _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 (got {r.group_size}): group advantages need at least two samples")
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
-    _check(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs are taken at the sampling temperature)")
+    _check(r.temperature > 0 and math.isfinite(r.temperature), "rollout.temperature",
+           "must be a finite number > 0 (log-probs are taken at the sampling temperature)")
     _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
     _check(r.batch_size >= 0, "rollout.batch_size", "must be >= 0")
@@ -103,7 +107,17 @@ def validate(cfg: Config) -> None:
     _check(s.minibatch_by in ("group", "row"), "schedule.minibatch_by", f"'{s.minibatch_by}' is not group | row")
     _check(s.lr_schedule in ("constant", "cosine"), "schedule.lr_schedule", f"'{s.lr_schedule}' is not constant | cosine")
     _check(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
-    _check(cfg.optim.lr > 0, "optim.lr", "must be > 0")
+    o = cfg.optim
+    _check(o.lr > 0 and math.isfinite(o.lr), "optim.lr", "must be a finite number > 0")
+    _check(0 <= o.beta1 < 1, "optim.beta1", f"must be in [0, 1), got {o.beta1}")
+    _check(0 <= o.beta2 < 1, "optim.beta2", f"must be in [0, 1), got {o.beta2}")
+    _check(o.weight_decay >= 0 and math.isfinite(o.weight_decay), "optim.weight_decay", "must be a finite number >= 0")
+    _check(cfg.algo.adv_eps >= 0 and math.isfinite(cfg.algo.adv_eps), "algo.adv_eps", "must be a finite number >= 0")
+    _check(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
+    e = cfg.eval
+    _check(e.num_prompts >= 1 or not e.enabled, "eval.num_prompts", f"must be >= 1, got {e.num_prompts}")
+    _check(e.pass_k >= 0, "eval.pass_k", f"must be >= 0 (0 = off), got {e.pass_k}")
+    _check(e.every >= 0, "eval.every", f"must be >= 0 (0 = only at start and end), got {e.every}")
     _check(cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0")
     _check(cfg.optim.router_lr_scale > 0 and math.isfinite(cfg.optim.router_lr_scale), "optim.router_lr_scale",
            "must be a finite number > 0")

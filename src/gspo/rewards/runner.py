@@ -7,8 +7,10 @@ run in this process instead (`gspo.rewards.models`).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import dataclasses
+import inspect
 import math
 import multiprocessing as mp
 import numbers
@@ -43,6 +45,8 @@ def _check_values(values: Any, n: int, name: str) -> list[float | None]:
         raise RewardError(f"reward function {name!r} returned {len(values)} values for {n} completions")
     out: list[float | None] = []
     for i, v in enumerate(values):
+        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):  # numpy scalars, 0-d tensors
+            v = v.item()
         if v is None:
             out.append(None)
         elif isinstance(v, numbers.Real) and math.isfinite(v):
@@ -55,8 +59,30 @@ def _check_values(values: Any, n: int, name: str) -> list[float | None]:
     return out
 
 
+def _by_keyword(fn) -> bool:
+    """Whether `fn` names a parameter `prompts` or `completions`: it is then called as TRL calls
+    reward functions, with both by keyword (so `def f(completions, **kwargs)` and
+    `def f(completions, answer, **kwargs)` work); otherwise the two go first, by position."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "prompts" in params or "completions" in params
+
+
 def _call(fn, kwargs, prompts, completions, columns) -> Any:
-    return fn(list(prompts), list(completions), **{**columns, **kwargs})
+    args = {**columns, **kwargs}
+    if _by_keyword(fn):
+        out = fn(prompts=list(prompts), completions=list(completions), **args)
+    else:
+        out = fn(list(prompts), list(completions), **args)
+    if inspect.isawaitable(out):  # an async reward function: run to completion here, in its worker
+        out = asyncio.run(_awaited(out))
+    return out
+
+
+async def _awaited(awaitable):
+    return await awaitable
 
 
 def _run_function(fn, kwargs, name, batch, stop_at_first: bool) -> tuple:

@@ -415,9 +415,16 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 start = evaluate_run(run, 0)  # the starting point
                 if sinks:
                     sinks.write({"step": 0, "rollout": 0, **start})
+            saved = state.step if run.resume_from is not None else -1  # the step the newest checkpoint holds
             while state.rollout < total:
                 t_step = time.perf_counter()
-                scored = produce(run, state)                                    # 1. episodes, rewards
+                rng = checkpoint.capture_rng_state()
+                try:
+                    scored = produce(run, state)                                # 1. episodes, rewards
+                except Exception:
+                    if saved != state.step:
+                        save_before_fault(run, state, rng)
+                    raise
                 steps, info = learn(run, scored, state)                         # 2. π_old, updates, sync
                 state.rollout += 1
                 if run.remote is not None:  # the new weights go out at once; prompts are drawn ahead
@@ -442,6 +449,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                     return run_dir
                 if cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0 and state.rollout < total:
                     checkpoint.save_run(run, state)
+                    saved = state.step
                 faults.after_rollout(state.rollout)  # tests only
             state.finished = True
             checkpoint.save_run(run, state)
@@ -452,6 +460,21 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
             sinks.close()
         run.close()
     return run_dir
+
+
+def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
+    """A fault while a rollout is produced (a reward that raised or ran past its deadline under
+    rewards.on_error=raise, a tool or data error) comes before any update from it, so the state
+    after the last finished rollout is whole: it is saved, with the RNG as it was when the failed
+    rollout began, and resume=auto goes on from there as if nothing had failed. One process in
+    sync mode only: under torchrun the other ranks are not told of this rank's fault, and in
+    async mode the rollouts in flight are the generators'."""
+    if state.rollout == 0 or run.dist.enabled or run.remote is not None:
+        return
+    checkpoint.restore_rng_state(rng)
+    path = checkpoint.save_run(run, state)
+    print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
+          file=sys.stderr)
 
 
 def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerState, scored: ScoredRollout,
