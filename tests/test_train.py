@@ -165,6 +165,17 @@ def test_a_yaml_file_that_is_not_a_mapping_is_one_error(tmp_path, capsys):
     assert "list.yaml" in err and "not a mapping" in err and "Traceback" not in err
 
 
+def test_an_answer_reward_on_data_without_answers_is_one_error_before_compute(tmp_path, capsys):
+    math = tmp_path / "math.jsonl"
+    math.write_text("".join(json.dumps({"problem": f"{i}+1=", "solution": f"\\boxed{{{i + 1}}}"}) + "\n"
+                            for i in range(16)))
+    rc, run_dir = run(tmp_path, f"data.source={math}", "data.prompt_column=problem",
+                      "rewards.functions=[{name: math_verify}]")
+    err = capsys.readouterr().err
+    assert rc == 2 and "rewards.functions[0].name" in err and "'answer' column" in err and "solution" in err
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
 def test_unwritable_output_dir(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")

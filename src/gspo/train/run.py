@@ -329,6 +329,21 @@ def _enough_rows(cfg: Config, n: int, which: str = "") -> None:
                         f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}")
 
 
+ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
+
+
+def _check_answer_column(cfg: Config, rows: list[dict]) -> None:
+    """A built-in reward that compares with the `answer` column, on data that has none, would
+    score nothing (every reward missing): one error before the model loads."""
+    for i, f in enumerate(cfg.rewards.functions):
+        if f.name in ANSWER_REWARDS and f.weight != 0 and not any(r.get("answer") is not None for r in rows):
+            columns = sorted({k for r in rows[:100] for k in r})
+            raise DataError(f"config field 'rewards.functions[{i}].name': {f.name} compares completions with the "
+                            f"dataset's 'answer' column, which data.source {cfg.data.source} does not have (its "
+                            f"columns: {', '.join(columns)}); name the reference answer 'answer' (MATH's is in "
+                            f"'solution', GSM8K's after '####' in 'answer')")
+
+
 def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
@@ -353,6 +368,7 @@ def build_run(cfg: Config) -> Run:
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     _enough_rows(cfg, len(rows))
+    _check_answer_column(cfg, rows)
     resume_from = resume_point(cfg, d)                                   # checkpoint
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
