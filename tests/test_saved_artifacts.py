@@ -170,6 +170,10 @@ def test_eval_takes_the_configs_dataset_and_refuses_bad_counts(saved, tmp_path, 
     missing.write_text(f"data:\n  source: {tmp_path / 'nowhere.jsonl'}\n")
     assert main(["eval", str(saved("llama")), "--config", str(missing)]) == 2
     assert "nowhere.jsonl" in capsys.readouterr().err
+    long = tmp_path / "long.jsonl"  # prompts past data.max_prompt_tokens are dropped, as in training
+    long.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in ["1+0=", "9" * 400, "0+1="]))
+    m = cli_eval(capsys, saved("llama"), long, "data.max_prompt_tokens=64")
+    assert m["eval/num_prompts"] == 2
     for flag, value in (("--num-prompts", "0"), ("--pass-k", "-1"), ("--max-new-tokens", "0")):
         assert main(["eval", str(saved("llama")), flag, value]) == 2
         err = capsys.readouterr().err

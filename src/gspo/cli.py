@@ -45,6 +45,8 @@ def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
     from gspo.config import ConfigError, load_config
+    from gspo.data import DataError, filter_long_prompts
+    from gspo.rollout.episodes import episode_schemas
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
@@ -68,9 +70,18 @@ def cmd_eval(args) -> int:
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg)
-    rows = (held or rows)[: cfg.eval.num_prompts]
+    rows = held or rows
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
+    schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])
+    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)  # as training does
+    if dropped:
+        print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
+              file=sys.stderr)
+    if not rows:
+        raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
+                        f"{cfg.data.max_prompt_tokens}")
+    rows = rows[: cfg.eval.num_prompts]
     rw = cfg.rewards
     with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:
