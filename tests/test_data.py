@@ -81,6 +81,21 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
         load_rows(tmp_path / "dd", split="valid")
 
 
+def test_a_runs_held_out_rows_come_from_data_eval_split_of_a_dataset_dict(tmp_path):
+    import datasets
+
+    from gspo.config import load_config
+    from gspo.train.run import load_prompt_rows
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:4]),
+                          "test": datasets.Dataset.from_list(rows[4:])}).save_to_disk(str(tmp_path / "dd"))
+    base = [f"data.source={tmp_path / 'dd'}", f"data.eval_source={tmp_path / 'dd'}"]
+    train, held = load_prompt_rows(load_config(None, [*base, "data.eval_split=test"]))
+    assert train == rows[:4] and held == rows[4:]
+    assert load_prompt_rows(load_config(None, base))[1] == rows[:4]  # unset: the loader's default, train
+
+
 def test_missing_file_names_path(tmp_path):
     with pytest.raises(DataError, match="nope.jsonl"):
         load_rows(tmp_path / "nope.jsonl")

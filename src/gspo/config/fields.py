@@ -93,6 +93,8 @@ class DataConfig:
     num_prompts: int = doc(2000, "number of prompts generated for a built-in task")
     eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out "
                                      "split of eval.num_prompts prompts")
+    eval_split: Optional[str] = doc(None, "split of data.eval_source when it is a DatasetDict (default: train), "
+                                    "e.g. test")
     max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded)")
 

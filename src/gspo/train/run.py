@@ -126,7 +126,7 @@ def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
         held = []
     if d.eval_source:
         held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
-                if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column))
+                if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split))
         held = held[: cfg.eval.num_prompts]
     return train, held
 
