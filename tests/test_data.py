@@ -102,9 +102,24 @@ def test_missing_file_names_path(tmp_path):
 
 
 def test_unknown_extension(tmp_path):
-    (tmp_path / "d.csv").write_text("prompt\nx\n")
-    with pytest.raises(DataError, match=r"d\.csv.*\.jsonl or \.parquet"):
-        load_rows(tmp_path / "d.csv")
+    (tmp_path / "d.tsv").write_text("prompt\nx\n")
+    with pytest.raises(DataError, match=r"d\.tsv.*\.jsonl, \.json, \.csv or \.parquet"):
+        load_rows(tmp_path / "d.tsv")
+
+
+def test_json_arrays_json_lines_and_csv_are_read(tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "a, \"b\"", "answer": "3"}]
+    (tmp_path / "a.json").write_text(json.dumps(rows, indent=2))
+    (tmp_path / "l.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # datasets' to_json
+    (tmp_path / "c.csv").write_bytes(b"\xef\xbb\xbfprompt,answer\r\n1+1=,2\r\n\"a, \"\"b\"\"\",3\r\n")
+    for name in ("a.json", "l.json", "c.csv"):
+        assert load_rows(tmp_path / name) == rows, name
+    (tmp_path / "bad.json").write_text('[{"prompt": "x"}, 3]')
+    with pytest.raises(DataError, match=r"bad\.json: item 1 of the array is a int"):
+        load_rows(tmp_path / "bad.json")
+    (tmp_path / "wide.csv").write_text("prompt\nx,y\n")
+    with pytest.raises(DataError, match=r"wide\.csv: row 2 has more cells"):
+        load_rows(tmp_path / "wide.csv")
 
 
 def test_bad_json_line_names_file_and_line(tmp_path):

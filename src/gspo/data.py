@@ -63,6 +63,42 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _read_json(path: Path) -> list[dict]:
+    """A `.json` file: one JSON array of objects (what `json.dump(rows)` and pandas'
+    `to_json(orient="records")` write), or JSON lines under a .json name (datasets' `to_json`)."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 (byte at offset {e.start}); JSON files are UTF-8: re-save it as UTF-8") from e
+    if not text.lstrip().startswith("["):
+        return _read_jsonl(path)
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from e
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: item {i} of the array is a {type(row).__name__}, not a JSON object")
+    return rows
+
+
+def _read_csv(path: Path) -> list[dict]:
+    """A `.csv` file with a header row; every value is text, as the file holds it."""
+    import csv
+
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 (byte at offset {e.start}); re-save it as UTF-8") from e
+    except csv.Error as e:
+        raise DataError(f"{path}: cannot read as CSV ({e})") from e
+    for i, row in enumerate(rows):
+        if None in row:  # more cells than the header names
+            raise DataError(f"{path}: row {i + 2} has more cells than the header has columns")
+    return rows
+
+
 def _read_parquet(path: Path) -> list[dict]:
     pq = _import_optional("pyarrow.parquet", f"Parquet file {path}")
     try:
@@ -162,8 +198,9 @@ def load_rows(
 ) -> list[dict]:
     """Read a prompt dataset into a list of row dicts, with the prompt column named "prompt".
 
-    `source` is a `.jsonl` file (one JSON object per line; blank lines skipped), a `.parquet`
-    file, or a folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
+    `source` is a `.jsonl` file (one JSON object per line; blank lines skipped), a `.json` file
+    (an array of objects, or JSON lines), a `.csv` file with a header (values are text), a
+    `.parquet` file, or a folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
     for a DatasetDict, `split` picks one (default "train"); for a single Dataset `split` is
     ignored. Parquet and saved datasets need the optional extra `gspo[data]`. All columns other
     than the prompt column pass through unchanged. Rows of a JSONL file may have different keys.
@@ -175,11 +212,15 @@ def load_rows(
         rows = _read_saved_dataset(path, split)
     elif path.suffix == ".jsonl":
         rows = _read_jsonl(path)
+    elif path.suffix == ".json":
+        rows = _read_json(path)
+    elif path.suffix == ".csv":
+        rows = _read_csv(path)
     elif path.suffix == ".parquet":
         rows = _read_parquet(path)
     else:
         raise DataError(
-            f"load_rows: cannot read {str(path)!r}: expected a .jsonl or .parquet file, or a folder "
+            f"load_rows: cannot read {str(path)!r}: expected a .jsonl, .json, .csv or .parquet file, or a folder "
             "made by datasets' save_to_disk"
         )
     return validate_rows(rows, source=str(path), prompt_column=prompt_column)

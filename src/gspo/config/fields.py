@@ -85,8 +85,8 @@ class DistributedConfig:
 
 @dataclass
 class DataConfig:
-    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .parquet / datasets save_to_disk "
-                      "path (relative: from the working directory, else beside the config file)")
+    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .json / .csv / .parquet / "
+                      "datasets save_to_disk path (relative: from the working directory, else beside the config file)")
     prompt_column: str = doc("prompt", "column holding the prompt (a string, or a list of chat messages)")
     split: Optional[str] = doc(None, "split to use when the source is a DatasetDict (default: train)")
     difficulty: int = doc(1, "difficulty of the built-in task (1 = easiest)")
