@@ -134,6 +134,17 @@ def test_validate_specs_keys_and_errors():
         validate_specs(["format", "nope"])
 
 
+def test_a_builtins_options_are_checked_at_start_up():
+    with pytest.raises(RewardConfigError, match=r"'exact_answer': unknown option 'answr' \(its options: answer\)"):
+        validate_specs([{"name": "exact_answer", "kwargs": {"answr": "x"}}])
+    with pytest.raises(RewardConfigError, match=r"'format': option 'pattern' '\(\[' is not a regular expression"):
+        validate_specs([{"name": "format", "kwargs": {"pattern": "(["}}])
+    assert len(validate_specs([{"name": "code_tests", "kwargs": {"timeout_s": 2.0, "allow_code_execution": True}},
+                               {"name": "format", "kwargs": {"pattern": "a+"}}])) == 2
+    # a function of one's own keeps its **kwargs: options it does not name are not refused
+    assert validate_specs([{"name": "gspo_test_rewards:count_ones", "kwargs": {"anything": 1}}])
+
+
 # ------------------------------------------------------------------------ runner
 
 

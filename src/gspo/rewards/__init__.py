@@ -198,10 +198,33 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
             raise RewardConfigError(f"reward {s.short_name!r}: weight must be a finite number, got {s.weight!r}")
         if not isinstance(s.kwargs, dict):
             raise RewardConfigError(f"reward {s.short_name!r}: kwargs must be a dict, got {s.kwargs!r}")
+        if isinstance(s.name, str) and s.name in BUILTIN_REWARDS:
+            _check_builtin_options(s.name, fn, s.kwargs)
         key = s.short_name
         seen[key] = seen.get(key, 0) + 1
         out.append((key if seen[key] == 1 else f"{key}_{seen[key]}", fn, s))
     return out
+
+
+def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:
+    """A built-in reward's options are its named parameters: a misspelt one would otherwise vanish
+    into **kwargs, and a `format` pattern that is not a regular expression would fail only at
+    the first scoring."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    known = [p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD
+             and p.name not in ("prompts", "completions")]
+    for k in kwargs:
+        if k not in known:
+            raise RewardConfigError(f"reward {name!r}: unknown option {k!r} (its options: {', '.join(known) or 'none'})")
+    if name == "format" and "pattern" in kwargs:
+        try:
+            re.compile(str(kwargs["pattern"]))
+        except re.error as e:
+            raise RewardConfigError(f"reward 'format': option 'pattern' {kwargs['pattern']!r} is not a regular "
+                                    f"expression ({e})") from None
 
 
 def _resolve_spec(s: RewardSpec) -> Callable:
