@@ -45,20 +45,19 @@ def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
     from gspo.config import ConfigError, load_config
-    from gspo.data import DataError, filter_long_prompts
     from gspo.rollout.episodes import episode_schemas
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.run import (episode_tools, hf_generator, load_episode_tools, load_prompt_rows, reward_specs,
-                                setup_threads)
+    from gspo.train.run import (episode_tools, fitting_prompts, hf_generator, load_episode_tools, load_prompt_rows,
+                                reward_specs, setup_threads)
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
              "rollout.max_new_tokens": args.max_new_tokens}  # unset flags keep the config's values
-    for flag, value in (("--num-prompts", args.num_prompts), ("--pass-k", args.pass_k),
-                        ("--max-new-tokens", args.max_new_tokens)):
-        if value is not None and value < (0 if flag == "--pass-k" else 1):
-            raise ConfigError(f"gspo eval {flag}: must be >= {0 if flag == '--pass-k' else 1}, got {value}")
+    for flag, value, least in (("--num-prompts", args.num_prompts, 1), ("--pass-k", args.pass_k, 0),
+                               ("--max-new-tokens", args.max_new_tokens, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"gspo eval {flag}: must be >= {least}, got {value}")
     data, extra = args.data, []
     if data is not None and "=" in data and not os.path.exists(data):  # `gspo eval MODEL key=value`: no dataset
         data, extra = None, [data]
@@ -74,14 +73,7 @@ def cmd_eval(args) -> int:
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
     schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])
-    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)  # as training does
-    if dropped:
-        print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-              file=sys.stderr)
-    if not rows:
-        raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
-                        f"{cfg.data.max_prompt_tokens}")
-    rows = rows[: cfg.eval.num_prompts]
+    rows = fitting_prompts(cfg, rows, tok, schemas)[: cfg.eval.num_prompts]  # as training does
     rw = cfg.rewards
     with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:

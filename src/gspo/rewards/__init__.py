@@ -221,7 +221,7 @@ def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:
             raise RewardConfigError(f"reward {name!r}: unknown option {k!r} (its options: {', '.join(known) or 'none'})")
     if name == "format" and "pattern" in kwargs:
         try:
-            re.compile(str(kwargs["pattern"]))
+            make_format_reward(str(kwargs["pattern"]))  # compiles it
         except re.error as e:
             raise RewardConfigError(f"reward 'format': option 'pattern' {kwargs['pattern']!r} is not a regular "
                                     f"expression ({e})") from None

@@ -416,13 +416,14 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 if sinks:
                     sinks.write({"step": 0, "rollout": 0, **start})
             saved = state.step if run.resume_from is not None else -1  # the step the newest checkpoint holds
+            fault_save = not d.enabled and run.remote is None  # see save_before_fault
             while state.rollout < total:
                 t_step = time.perf_counter()
-                rng = checkpoint.capture_rng_state()
+                rng = checkpoint.capture_rng_state() if fault_save and saved != state.step else None
                 try:
                     scored = produce(run, state)                                # 1. episodes, rewards
                 except Exception:
-                    if saved != state.step:
+                    if rng is not None:
                         save_before_fault(run, state, rng)
                     raise
                 steps, info = learn(run, scored, state)                         # 2. π_old, updates, sync
@@ -466,10 +467,10 @@ def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
     """A fault while a rollout is produced (a reward that raised or ran past its deadline under
     rewards.on_error=raise, a tool or data error) comes before any update from it, so the state
     after the last finished rollout is whole: it is saved, with the RNG as it was when the failed
-    rollout began, and resume=auto goes on from there as if nothing had failed. One process in
-    sync mode only: under torchrun the other ranks are not told of this rank's fault, and in
-    async mode the rollouts in flight are the generators'."""
-    if state.rollout == 0 or run.dist.enabled or run.remote is not None:
+    rollout began, and resume=auto goes on from there as if nothing had failed. `train` calls it
+    in one process in sync mode only: under torchrun the other ranks are not told of this rank's
+    fault, and in async mode the rollouts in flight are the generators'."""
+    if state.rollout == 0:  # nothing to keep
         return
     checkpoint.restore_rng_state(rng)
     path = checkpoint.save_run(run, state)

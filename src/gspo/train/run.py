@@ -329,6 +329,19 @@ def _enough_rows(cfg: Config, n: int, which: str = "") -> None:
                         f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}")
 
 
+def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True) -> list[dict]:
+    """The rows whose prompt (with the tools' schemas of an episode) fits data.max_prompt_tokens,
+    saying how many were dropped; one error when none fits. Training and `gspo eval` alike."""
+    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)
+    if dropped and say:
+        print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
+              file=sys.stderr)
+    if not rows:
+        raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
+                        f"{cfg.data.max_prompt_tokens}")
+    return rows
+
+
 ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
 
 
@@ -395,14 +408,8 @@ def build_run(cfg: Config) -> Run:
                     "rollout.mixed_precision": cfg.rollout.mixed_precision}
         for line in half_precision_warnings(settings, d.device):
             print(f"warning: {line}", file=sys.stderr)
-    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)
+    rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main)
     eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens, schemas) if eval_rows else ([], 0)
-    if dropped and d.is_main:
-        print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-              file=sys.stderr)
-    if not rows:
-        raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
-                        f"{cfg.data.max_prompt_tokens}")
     _enough_rows(cfg, len(rows), f" of {cfg.data.max_prompt_tokens} tokens or fewer (data.max_prompt_tokens)")
     if d.is_main:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
