@@ -60,7 +60,8 @@ def moe_warmup(out: Path, seed: int, steps: int) -> Path:
     warm = out / f"moe-warmup{steps}-seed{seed}"
     if not (warm / "config.json").exists():
         code = ("import sys; from gspo.config import load_config; from gspo.demo import warmup; "
-                "from gspo.train.run import build_policy, load_prompt_rows, seed_everything; "
+                "from gspo.train.prompts import load_prompt_rows; "
+                "from gspo.train.run import build_policy, seed_everything; "
                 f"cfg = load_config(None, {MOE + [f'seed={seed}']!r}); seed_everything(cfg.seed); "
                 "m, t = build_policy(cfg); rows, _ = load_prompt_rows(cfg); "
                 f"warmup(m, t, rows, steps={steps}, batch_size=64, lr=1e-3, seed={seed}); "

@@ -40,7 +40,7 @@ def _prompt_order(spec: dict, total: int) -> list[str]:
     """The prompts gspo's prompt stream deals over `total` rollouts, in order (B per rollout)."""
     from gspo.config import load_config
     from gspo.data import PromptStream
-    from gspo.train.run import load_prompt_rows
+    from gspo.train.prompts import load_prompt_rows
 
     cfg = load_config(None, _gspo_overrides(spec, total, "/nonexistent"))
     rows, _ = load_prompt_rows(cfg)

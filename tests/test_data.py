@@ -85,7 +85,7 @@ def test_a_runs_held_out_rows_come_from_data_eval_split_of_a_dataset_dict(tmp_pa
     import datasets
 
     from gspo.config import load_config
-    from gspo.train.run import load_prompt_rows
+    from gspo.train.prompts import load_prompt_rows
 
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:4]),

@@ -90,7 +90,8 @@ def run_seed(out: Path, seed: int, a) -> dict:
     from gspo.rollout.tools import tool_schema
     from gspo.tool_tasks import calc
     from gspo.train import train
-    from gspo.train.run import load_prompt_rows, seed_everything
+    from gspo.train.prompts import load_prompt_rows
+    from gspo.train.run import seed_everything
 
     over = [*BASE, f"seed={seed}", f"output.dir={out}", f"output.name=seed{seed}", f"schedule.rollouts={a.rollouts}",
             f"optim.lr={a.lr}", f"eval.every={a.eval_every}", *a.set]

@@ -49,8 +49,8 @@ def cmd_eval(args) -> int:
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.run import (episode_tools, fitting_prompts, hf_generator, load_episode_tools, load_prompt_rows,
-                                reward_specs, setup_threads)
+    from gspo.train.prompts import fitting_prompts, load_prompt_rows
+    from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs, setup_threads
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
              "rollout.max_new_tokens": args.max_new_tokens}  # unset flags keep the config's values

@@ -21,8 +21,9 @@ import torch
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import records_routes
-from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts, load_rows
+from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
+from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows
 from gspo.train.resume import resume_point
 from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
                          set_trainer_mode, use_cpu_gqa_attention)
@@ -32,7 +33,7 @@ from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout import HFGenerator
 from gspo.rollout.tools import ToolConfigError, ToolRunner, load_environment, load_tools, resolve_parser
 from gspo.models.routing import RouteTracker, find_routers
-from gspo.tasks import TASKS, TASK_CHARS, make_task
+from gspo.tasks import TASKS, TASK_CHARS
 
 
 def setup_threads(n: int = 0) -> int:
@@ -109,26 +110,6 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
             kwargs.setdefault("device", cfg.model.device)
         specs.append(RewardSpec(name=f.name, weight=f.weight, kwargs=kwargs))
     return specs
-
-
-def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
-    """Training and held-out rows. Built-in tasks get a held-out split disjoint from training."""
-    d = cfg.data
-    if d.source in TASKS:
-        train = make_task(d.source, d.num_prompts, seed=cfg.seed, difficulty=d.difficulty)
-        seen = {r["prompt"] for r in train}
-        n_held = cfg.eval.num_prompts
-        held = [r for r in make_task(d.source, n_held * 3, seed=cfg.seed + 1_000_003,
-                                     difficulty=d.difficulty) if r["prompt"] not in seen]
-        held = held[:n_held]
-    else:
-        train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)
-        held = []
-    if d.eval_source:
-        held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
-                if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split))
-        held = held[: cfg.eval.num_prompts]
-    return train, held
 
 
 def build_policy(cfg: Config, device: torch.device | None = None):
@@ -322,41 +303,6 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = Non
                          world_size=d.world_size, quiet=not d.is_main)
 
 
-def _enough_rows(cfg: Config, n: int, which: str = "") -> None:
-    """A rollout draws rollout.prompts_per_step distinct prompts: the data must hold that many."""
-    if n < cfg.rollout.prompts_per_step:
-        raise DataError(f"data.source {cfg.data.source}: {n} prompts{which}, fewer than one rollout's "
-                        f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}")
-
-
-def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True) -> list[dict]:
-    """The rows whose prompt (with the tools' schemas of an episode) fits data.max_prompt_tokens,
-    saying how many were dropped; one error when none fits. Training and `gspo eval` alike."""
-    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)
-    if dropped and say:
-        print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-              file=sys.stderr)
-    if not rows:
-        raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
-                        f"{cfg.data.max_prompt_tokens}")
-    return rows
-
-
-ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
-
-
-def _check_answer_column(cfg: Config, rows: list[dict]) -> None:
-    """A built-in reward that compares with the `answer` column, on data that has none, would
-    score nothing (every reward missing): one error before the model loads."""
-    for i, f in enumerate(cfg.rewards.functions):
-        if f.name in ANSWER_REWARDS and f.weight != 0 and not any(r.get("answer") is not None for r in rows):
-            columns = sorted({k for r in rows[:100] for k in r})
-            raise DataError(f"config field 'rewards.functions[{i}].name': {f.name} compares completions with the "
-                            f"dataset's 'answer' column, which data.source {cfg.data.source} does not have (its "
-                            f"columns: {', '.join(columns)}); name the reference answer 'answer' (MATH's is in "
-                            f"'solution', GSM8K's after '####' in 'answer')")
-
-
 def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
@@ -380,8 +326,8 @@ def build_run(cfg: Config) -> Run:
             raise ConfigError(f"config field 'rewards.functions[{i}].name': {e}") from None
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
-    _enough_rows(cfg, len(rows))
-    _check_answer_column(cfg, rows)
+    enough_rows(cfg, len(rows))
+    check_answer_column(cfg, rows)
     resume_from = resume_point(cfg, d)                                   # checkpoint
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
@@ -410,7 +356,7 @@ def build_run(cfg: Config) -> Run:
             print(f"warning: {line}", file=sys.stderr)
     rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main)
     eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens, schemas) if eval_rows else ([], 0)
-    _enough_rows(cfg, len(rows), f" of {cfg.data.max_prompt_tokens} tokens or fewer (data.max_prompt_tokens)")
+    enough_rows(cfg, len(rows), f" of {cfg.data.max_prompt_tokens} tokens or fewer (data.max_prompt_tokens)")
     if d.is_main:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
