@@ -35,15 +35,19 @@ def always_raises(prompts, completions, **kwargs):
 
 
 def count_ones_until_told(prompts, completions, **kwargs):
-    """count_ones, except that the call that finds the file named by GSPO_TEST_RAISE_FILE (written
-    by the test at the rollout it wants to fail) raises, once: the file is removed as it does."""
+    """count_ones, except that call number GSPO_TEST_RAISE_AT raises (calls are counted in the file
+    GSPO_TEST_CALLS_FILE, one per process under torchrun: its name ends in the rank). With
+    GSPO_TEST_RAISE_RANK set, only that rank raises."""
     import os
 
     flag = os.environ.get("GSPO_TEST_RAISE_FILE")
     calls = os.environ.get("GSPO_TEST_CALLS_FILE")
+    rank = os.environ.get("RANK", "")
     if calls:
+        calls += rank
         n = int(open(calls).read() or 0) + 1 if os.path.exists(calls) else 1
         open(calls, "w").write(str(n))
-        if flag and n == int(os.environ.get("GSPO_TEST_RAISE_AT", "0")):
+        if flag and n == int(os.environ.get("GSPO_TEST_RAISE_AT", "0")) \
+                and os.environ.get("GSPO_TEST_RAISE_RANK", rank) == rank:
             raise RuntimeError("the reward service is down")
     return count_ones(prompts, completions)

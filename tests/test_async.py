@@ -21,7 +21,7 @@ from gspo.rollout import Rollout
 from gspo.train import async_job, async_mode, async_wire
 from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
 from test_resume import TINY, _env, gspo_train, metrics_without_timings
-from zygote import gspo_popen, gspo_torchrun
+from zygote import gspo, gspo_popen, gspo_torchrun
 
 ASYNC = ["rollout.mode=async"]
 
@@ -93,6 +93,29 @@ def test_sigkill_then_resume_is_exact_with_rollouts_in_flight(runs, tmp_path):
     gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", "resume=auto")
     assert_same_params(runs / "k2", tmp_path / "run")
     assert comparable(runs / "k2") == comparable(tmp_path / "run")
+
+
+def test_a_reward_that_raises_keeps_the_rollouts_in_flight_and_resume_is_exact(runs, tmp_path):
+    """No checkpoint is due when the reward raises on rollout 3 (K = 2): the state after rollout 2
+    is saved with rollouts 3 and 4, both sampled by older weights, and resume=auto trains what
+    the uninterrupted run trains, bitwise."""
+    reward = "rewards.functions=[{name: 'gspo_test_rewards:count_ones_until_told'}]"
+    env = {**_env(), "GSPO_TEST_CALLS_FILE": str(tmp_path / "calls"), "GSPO_TEST_RAISE_FILE": "1",
+           "GSPO_TEST_RAISE_AT": "4"}  # the learner scores: call 1 is the evaluation at the start
+    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", reward,
+              *ASYNC, "rollout.max_staleness=2"]
+    p = gspo(common, env=env, timeout=300)
+    assert p.returncode != 0 and "the reward service is down" in p.stderr
+    assert "saved the state after rollout 2" in p.stderr
+    ck = find_resume_checkpoint(tmp_path / "run")
+    assert ck.name == "step-4"  # 2 rollouts x 2 minibatches
+    assert sorted(f.name for f in (ck / "inflight").iterdir()) == ["rollout-2.safetensors", "rollout-3.safetensors"]
+    p = gspo([*common, "resume=auto"], env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert_same_params(runs / "k2", tmp_path / "run")
+    renamed = [{k.replace("count_ones_until_told", "count_ones"): v for k, v in r.items()}  # the reward's own name
+               for r in comparable(tmp_path / "run")]
+    assert renamed == comparable(runs / "k2")
 
 
 def _gone(pid: int) -> bool:

@@ -126,7 +126,12 @@ class AsyncRollouts:
 
     def after_update(self, version: int) -> None:
         """The learner's weights are now version `version` (= rollouts learned): send them
-        where the schedule needs them and ask for the rollouts they sample."""
+        where the schedule needs them and ask for the rollouts they sample. The rollouts learned
+        are let go only now: until then a checkpoint (a fault's, `loop.produce_or_save`) holds
+        the one being learned with those in flight."""
+        with self.cond:
+            for q in [q for q in self.pending if q < version]:
+                del self.pending[q]
         self._ask_up_to(version)
 
     def _ask_up_to(self, version: int) -> None:
@@ -213,15 +218,14 @@ class AsyncRollouts:
 
     def take(self, q: int) -> tuple[list, Rollout, dict]:
         """Rollout q (waiting for it), its prompt rows and its metrics; the weight sends are
-        finished first, so the update that follows may change the parameters."""
+        finished first, so the update that follows may change the parameters. It stays pending
+        until `after_update` has the weights it trained."""
         p = self.pending[q]
         t0 = time.perf_counter()
         self._arrived(q)
         self._release(self.generator_of(q), q, p.version)
         self.finish_sends()
         wait = time.perf_counter() - t0
-        with self.cond:
-            del self.pending[q]
         m = p.meta
         info = {"time/generate": m.get("generate_s", 0.0), "async/learner_idle_s": wait,
                 "async/generator_idle_s": m.get("idle_s", 0.0), "async/weight_sync_s": self.sync_s + m.get("sync_s", 0.0),

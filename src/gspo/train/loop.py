@@ -416,16 +416,11 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 if sinks:
                     sinks.write({"step": 0, "rollout": 0, **start})
             saved = state.step if run.resume_from is not None else -1  # the step the newest checkpoint holds
-            fault_save = not d.enabled and run.remote is None  # see save_before_fault
+            fault_save = can_save_before_fault(run)
             while state.rollout < total:
                 t_step = time.perf_counter()
                 rng = checkpoint.capture_rng_state() if fault_save and saved != state.step else None
-                try:
-                    scored = produce(run, state)                                # 1. episodes, rewards
-                except Exception:
-                    if rng is not None:
-                        save_before_fault(run, state, rng)
-                    raise
+                scored = produce_or_save(run, state, rng, fault_save)           # 1. episodes, rewards
                 steps, info = learn(run, scored, state)                         # 2. π_old, updates, sync
                 state.rollout += 1
                 if run.remote is not None:  # the new weights go out at once; prompts are drawn ahead
@@ -463,19 +458,59 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     return run_dir
 
 
+def can_save_before_fault(run: Run) -> bool:
+    """Whether a fault in `produce` can be met by `produce_or_save`: always in one process, and
+    under torchrun where every process reaches the end of `produce` without a collective call on
+    the way. Dynamic sampling's rounds agree across processes inside `produce`, so there a
+    process that raised would leave the others waiting in a collective it never joins."""
+    return not (run.dist.enabled and run.remote is None and run.cfg.rollout.dynamic_sampling)
+
+
+def produce_or_save(run: Run, state: TrainerState, rng: dict | None, fault_save: bool) -> ScoredRollout:
+    """`produce`, and if it raises (a reward that raised or ran past its deadline under
+    rewards.on_error=raise, a tool or data error) the state after the last finished rollout is
+    saved before the run stops. The fault comes before any update from the rollout, so that state
+    is whole; it is saved with the RNG as it was when the failed rollout began (`rng`; None where
+    the newest checkpoint already holds this state), and resume=auto goes on from there as if
+    nothing had failed. In async mode the checkpoint holds the rollouts in flight, the failed one
+    among them (`AsyncRollouts.inflight`); a generator that failed leaves nothing to collect, and
+    its run stops on its last checkpoint.
+
+    Under torchrun every process learns whether any one failed (one all-reduce a rollout), so
+    all of them save their part together and stop, instead of waiting in the update's first
+    collective for a process that has gone."""
+    d = run.dist
+    agree = fault_save and d.enabled
+    try:
+        scored, fault = produce(run, state), None
+    except async_job.GeneratorError:  # the rollouts in flight cannot be collected: the last checkpoint stands
+        raise
+    except Exception as e:
+        if not agree:
+            if rng is not None:
+                save_before_fault(run, state, rng)
+            raise
+        scored, fault = None, e
+    if agree and any_process(fault is not None, d.all_reduce):
+        if rng is not None:
+            save_before_fault(run, state, rng)
+        if fault is not None:
+            raise fault
+        raise TrainingError(f"another process failed while rollout {state.rollout + 1} was produced "
+                            f"(its error is in its own output); this process stopped with it")
+    return scored
+
+
 def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
-    """A fault while a rollout is produced (a reward that raised or ran past its deadline under
-    rewards.on_error=raise, a tool or data error) comes before any update from it, so the state
-    after the last finished rollout is whole: it is saved, with the RNG as it was when the failed
-    rollout began, and resume=auto goes on from there as if nothing had failed. `train` calls it
-    in one process in sync mode only: under torchrun the other ranks are not told of this rank's
-    fault, and in async mode the rollouts in flight are the generators'."""
+    """Save the state after the last finished rollout, with the RNG restored to `rng` (see
+    `produce_or_save`)."""
     if state.rollout == 0:  # nothing to keep
         return
     checkpoint.restore_rng_state(rng)
     path = checkpoint.save_run(run, state)
-    print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
-          file=sys.stderr)
+    if run.dist.is_main:
+        print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
+              file=sys.stderr)
 
 
 def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerState, scored: ScoredRollout,
