@@ -113,7 +113,7 @@ def forward_flops(d: dict, b: int, L: int, mc: int) -> int:
 def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
     """Forward + backward on a (b, L) micro-batch: executed (attention-backward and LM-head
     recomputation included) or textbook "model" FLOPs."""
-    from gspo.models.logprobs import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
+    from gspo.models.lm_head import _UNCHECKPOINTED_LOGITS_BYTES  # below it the head is not recomputed
 
     recomputed = mc * d["V"] * 4 > _UNCHECKPOINTED_LOGITS_BYTES
     attn, head = (14, 8 if recomputed else 6) if executed else (12, 6)
@@ -123,7 +123,7 @@ def train_flops(d: dict, b: int, L: int, mc: int, executed: bool = True) -> int:
 def shared_flops(d: dict, k: int, Pw: int, b: int, t: int, mc: int, train: bool) -> int:
     """A call that runs k distinct Pw-wide prompts once, then b rows' first t-1 completion
     columns on their keys/values (gspo.models.logprobs.prompt_share_plan): forward, or forward + backward."""
-    from gspo.models.logprobs import _UNCHECKPOINTED_LOGITS_BYTES
+    from gspo.models.lm_head import _UNCHECKPOINTED_LOGITS_BYTES
 
     tc = t - 1
     positions = k * Pw + b * tc

@@ -4,7 +4,7 @@ Starts from the last hidden states (B x T tokens, hidden H) and an LM head of vo
 random weights; default shape is the issue's: 16 x 1024 tokens, Qwen2.5-0.5B head (896 x
 151,936), fp32. Reports the peak memory above the inputs and weights for
   naive:   logits = hidden @ W.T for every token at once, log_softmax, gather
-  chunked: gspo.models.logprobs.head_logprobs (chunks under activation checkpointing)
+  chunked: gspo.models.lm_head.head_logprobs (chunks under activation checkpointing)
 each followed by gspo.algo.policy_loss (GSPO) and backward, and checks that the loss, the
 per-token log-probs and the gradients of the hidden states and of W agree.
 
@@ -21,7 +21,7 @@ import torch
 
 from gspo.algo import policy_loss
 from gspo.config import PAPER_CLIP
-from gspo.models.logprobs import head_logprobs
+from gspo.models.lm_head import head_logprobs
 
 
 def naive_logprobs(head, hidden, targets):

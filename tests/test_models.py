@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-import gspo.models.logprobs
+import gspo.models.lm_head
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gspo.models.logprobs import naive_token_logprobs, token_logprobs
@@ -151,7 +151,7 @@ def test_chunked_equals_naive_in_value_and_gradient(request, tok, chunk_size, ar
 def test_picked_log_softmax_backward_equals_autograd(dtype, factor):
     """The written-out backward of log_softmax(factor·z)[y] equals autograd's, for fp32 and
     bf16 logits, with a temperature/scale factor, repeated targets and a zero upstream gradient."""
-    from gspo.models.logprobs import _PickedLogSoftmax
+    from gspo.models.lm_head import _PickedLogSoftmax
 
     g = torch.Generator().manual_seed(0)
     z = (torch.randn(9, 37, generator=g) * 4).to(dtype)
@@ -232,7 +232,7 @@ class _VocabTensorSizes(TorchDispatchMode):
 def test_logits_never_materialised_for_whole_batch(tok, monkeypatch):
     """No single op output, and nothing saved for backward, holds more than one chunk of
     [tokens × vocab] values (the naive reference breaks both, so the test can fail)."""
-    monkeypatch.setattr(gspo.models.logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", 0)  # as for a real vocabulary
+    monkeypatch.setattr(gspo.models.lm_head, "_UNCHECKPOINTED_LOGITS_BYTES", 0)  # as for a real vocabulary
     # hidden_size 32 so no activation width coincides with the vocabulary size (51).
     m = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64)
     v, chunk = len(tok), 8
@@ -387,7 +387,7 @@ def test_small_logits_skip_recompute_with_equal_values_and_gradients(tok, monkey
     ids, mask = _batch(len(tok), seed=3)
     results = []
     for limit in (0, 1 << 30):
-        monkeypatch.setattr(gspo.models.logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", limit)
+        monkeypatch.setattr(gspo.models.lm_head, "_UNCHECKPOINTED_LOGITS_BYTES", limit)
         m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=4)
         out = token_logprobs(m, ids, mask, 5, chunk_size=7)
         out.sum().backward()

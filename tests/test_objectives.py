@@ -267,10 +267,10 @@ def _tiny_lm(vocab=29, seed=0):
 
 @pytest.mark.parametrize("temperature,chunk,recompute", [(1.0, 4, False), (0.7, 3, False), (0.7, 3, True)])
 def test_chunked_entropy_equals_the_full_logits_entropy_and_its_gradient(temperature, chunk, recompute, monkeypatch):
-    from gspo.models import logprobs
+    from gspo.models import lm_head, logprobs
 
     if recompute:  # the head's chunks under activation checkpointing, as with a real vocabulary
-        monkeypatch.setattr(logprobs, "_UNCHECKPOINTED_LOGITS_BYTES", 0)
+        monkeypatch.setattr(lm_head, "_UNCHECKPOINTED_LOGITS_BYTES", 0)
     model = _tiny_lm()
     ids = torch.randint(0, 29, (3, 9))
     mask = torch.ones_like(ids)
