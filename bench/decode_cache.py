@@ -35,9 +35,9 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     import torch
 
-    import gspo.rollout as ro
+    import gspo.rollout.hf as ro
     from gspo.models.tiny import build_char_tokenizer, build_tiny_model
-    from gspo.rollout import HFGenerator
+    from gspo.rollout.hf import HFGenerator
 
     torch.set_num_threads(1)
     tok = build_char_tokenizer()

@@ -2,7 +2,7 @@
 
     python bench/decode_grad_mode.py          # 5 shapes, 6 interleaved rounds (~1 min)
 
-Each shape runs `gspo.rollout.decode` on B rows of a random tiny Qwen3 or Qwen3-MoE (no EOS, so
+Each shape runs `gspo.rollout.hf.decode` on B rows of a random tiny Qwen3 or Qwen3-MoE (no EOS, so
 every row runs to T), one torch thread, inside `gspo.models.generation_mode` as the sampler
 does; the two modes alternate within every round and the ratio is taken within a round (median
 over rounds). inference_mode skips autograd's version counters and view tracking on every op,
@@ -38,7 +38,7 @@ def main(argv=None) -> dict:
 
     from gspo.models import generation_mode
     from gspo.models.tiny import build_char_tokenizer, build_tiny_model
-    from gspo.rollout import decode
+    from gspo.rollout.hf import decode
 
     torch.set_num_threads(1)
     tok = build_char_tokenizer()

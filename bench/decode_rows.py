@@ -7,7 +7,7 @@ is a fixed cost per step, paid again by every smaller batch a rollout is split i
 
 Each model is a `bench/trl_compare.py` GRID cell's, saved, then loaded and set up as `gspo train`
 does (`load_policy`, grouped-query attention on the CPU).
-`gspo.rollout.decode` samples `--steps` tokens (EOS never drawn) from 7-token prompts of
+`gspo.rollout.hf.decode` samples `--steps` tokens (EOS never drawn) from 7-token prompts of
 distinct rows at each row count; counts alternate within each of `--rounds` rounds and the
 best round is kept. The fit is ms per step = a + b * rows (least squares). Threads: the
 count `gspo train` picks for the model (`setup_threads`, then `threads_for_model`: 1, or every
@@ -60,7 +60,7 @@ def matmul_rates(threads: int, rows=(32, 568), k: int = 512, n: int = 2048, weig
 def measure(cell: str, rows: list[int], steps: int, rounds: int, threads: int | None) -> dict:
     from gspo.config import Config
     from gspo.models import load_policy, use_cpu_gqa_attention
-    from gspo.rollout import decode
+    from gspo.rollout.hf import decode
     from gspo.train.run import setup_threads, threads_for_model
 
     with tempfile.TemporaryDirectory(prefix="decode-rows-") as tmp:

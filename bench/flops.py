@@ -255,7 +255,7 @@ def cross_check(hidden: int = 64, layers: int = 2, rows: int = 3, prompt: int = 
     import torch
 
     from gspo.models.logprobs import LogprobModule, prompt_share_plan
-    from gspo.rollout import HFGenerator
+    from gspo.rollout.hf import HFGenerator
     from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()

@@ -320,7 +320,7 @@ def test_the_decode_loop_records_the_routes_the_trainer_would(batch_size):
     from gspo.models.logprobs import LogprobModule
     from gspo.models.routing import RouteTracker
     from gspo.models.tiny import build_char_tokenizer, build_tiny_model
-    from gspo.rollout import HFGenerator
+    from gspo.rollout.hf import HFGenerator
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0)

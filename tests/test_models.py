@@ -401,7 +401,7 @@ def test_cpu_gqa_attention_gives_the_same_numbers(tok, moe):
     """SDPA with grouped key/value heads (enable_gqa) equals transformers' repeat_kv path:
     log-probs, gradients, and sampling through the KV cache."""
     from gspo.models import use_cpu_gqa_attention
-    from gspo.rollout import HFGenerator
+    from gspo.rollout.hf import HFGenerator
 
     ids, mask = _batch(len(tok), seed=6)
     got = []

@@ -5,7 +5,8 @@ import torch
 from archs import NAMES, build_arch
 
 from gspo.models.logprobs import naive_token_logprobs, token_logprobs
-from gspo.rollout import Generator, HFGenerator, Rollout
+from gspo.rollout import Generator, Rollout
+from gspo.rollout.hf import HFGenerator
 from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
 PROMPTS = ["user: 1+2\nassistant: ", "ab", "user: 9*9=\nassistant: "]
@@ -383,7 +384,7 @@ def test_the_preallocated_kv_cache_samples_what_dynamic_cache_samples(tok, arch,
     """decode writes keys/values into buffers allocated once (rollout._preallocated_cache)
     instead of concatenating the cache at every step: the same tokens and log-probs, with
     rows leaving the batch at varied steps."""
-    import gspo.rollout as rollout_mod
+    import gspo.rollout.hf as rollout_mod
 
     torch.manual_seed(0)
     m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=3) if arch == "qwen3" else \

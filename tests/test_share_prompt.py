@@ -9,7 +9,7 @@ from archs import NAMES, build_arch
 import gspo.models.logprobs
 from gspo.models.logprobs import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
 from gspo.models import set_activation_checkpointing
-from gspo.rollout import decode
+from gspo.rollout.hf import decode
 from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 
 

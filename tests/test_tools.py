@@ -16,7 +16,8 @@ from gspo import algo
 from gspo.config import AlgoConfig
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny import build_char_tokenizer, build_tiny_model
-from gspo.rollout import HFGenerator, Rollout
+from gspo.rollout import Rollout
+from gspo.rollout.hf import HFGenerator
 from gspo.rollout.episodes import run_episodes
 from gspo.rollout.tools import (ToolCall, ToolConfigError, ToolRunner, load_tools, parse_hermes, parse_llama3_json,
                                resolve_parser, tool_schema)

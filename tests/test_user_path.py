@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from artifacts import write_jsonl, write_plain_jsonl
-from gspo import rollout
+from gspo.rollout.hf import HFGenerator
 from gspo.models import logprobs
 from gspo.cli import main
 from gspo.config import ConfigError, load_config
@@ -57,7 +57,7 @@ def test_bos_is_in_sampled_trained_and_evaluated_prompt_ids_exactly_once(tmp_pat
     def real(ids, mask):  # the unpadded rows
         return [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
 
-    gen = rollout.HFGenerator.generate
+    gen = HFGenerator.generate
 
     def spy_generate(self, prompts, group_size, **kw):
         ro = gen(self, prompts, group_size, **kw)
@@ -80,7 +80,7 @@ def test_bos_is_in_sampled_trained_and_evaluated_prompt_ids_exactly_once(tmp_pat
         seen["evaluated"] += real(input_ids, attention_mask)
         return hf_generate(self, input_ids=input_ids, attention_mask=attention_mask, **kw)
 
-    monkeypatch.setattr(rollout.HFGenerator, "generate", spy_generate)
+    monkeypatch.setattr(HFGenerator, "generate", spy_generate)
     monkeypatch.setattr(logprobs.LogprobModule, "forward", spy_forward)
     monkeypatch.setattr(transformers.GenerationMixin, "generate", spy_hf_generate)
     extra = ["rollout.old_logp=trainer"]  # a pi_old pass over every row as well as the update's

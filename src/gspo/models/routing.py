@@ -124,7 +124,7 @@ class RouteTracker:
             self._mode, self._slot, self._whole, self._replay = None, None, None, False
 
     def recorder(self, row_start: int, col_start: int):
-        """For the sampler's decode loop (`gspo.rollout.decode`'s `on_forward`): record the routes
+        """For the sampler's decode loop (`gspo.rollout.hf.decode`'s `on_forward`): record the routes
         of each forward of a chunk whose row 0 is rollout row `row_start` and whose column 0 is
         rollout column `col_start`. Each row's last token is never run through the model (its
         successor is not sampled), so its routes stay unknown (-1)."""

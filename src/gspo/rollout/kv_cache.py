@@ -1,4 +1,4 @@
-"""The decode loop's KV cache (`gspo.rollout.decode`): transformers' DynamicCache with its
+"""The decode loop's KV cache (`gspo.rollout.hf.decode`): transformers' DynamicCache with its
 full-attention layers writing into buffers allocated once, instead of concatenating the whole
 cache at every step (O(T^2) copying over a completion; bench/decode_cache.py measures it)."""
 

@@ -1,4 +1,4 @@
-"""The sampling rule of gspo's decode loop (`gspo.rollout.decode`; the vLLM backend asks its
+"""The sampling rule of gspo's decode loop (`gspo.rollout.hf.decode`; the vLLM backend asks its
 engine for the same rule): one token per row from softmax(logits / T), restricted by top-k then
 top-p, drawn by inverse CDF; the log-prob returned is of the UNFILTERED distribution,
 log_softmax(logits / T), which is what the trainer computes for π_old (GSPO.md, "Pitfalls").

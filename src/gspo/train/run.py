@@ -30,7 +30,7 @@ from gspo.models import (half_precision_warnings, load_policy, resolve_device, s
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
-from gspo.rollout import HFGenerator
+from gspo.rollout.hf import HFGenerator
 from gspo.rollout.tools import ToolConfigError, ToolRunner, load_environment, load_tools, resolve_parser
 from gspo.models.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS
