@@ -123,3 +123,84 @@ def test_a_llama_style_episode_reads_the_json_call_and_inserts_an_ipython_turn()
     got = inserted_text(tok, messages, [{"role": "tool", "name": "add", "content": "5"}], schema, "<|eot_id|>")
     assert got == ("<|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|>"
                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+# A template in the Mistral v3 style (written here): [INST] turns, the schemas in
+# [AVAILABLE_TOOLS], an assistant turn with tool_calls rendered as [TOOL_CALLS][{..., "id"}],
+# each reply in [TOOL_RESULTS] with the id of its call, which must be 9 characters; the roles
+# alternate once tool turns and calls are set aside. No generation prompt: the answer follows.
+MISTRAL_STYLE = (
+    "{% set ns = namespace(i=0) %}"
+    "{% for m in messages | rejectattr('role', 'equalto', 'tool') | selectattr('tool_calls', 'undefined') %}"
+    "{% if (m.role == 'user') != (ns.i % 2 == 0) %}{{ raise_exception('roles must alternate') }}{% endif %}"
+    "{% set ns.i = ns.i + 1 %}{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'user' %}{% if loop.first and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]"
+    "{% endif %}[INST]{{ m.content }}[/INST]"
+    "{% elif m.role == 'assistant' and m.tool_calls is defined %}[TOOL_CALLS][{% for c in m.tool_calls %}"
+    "{\"name\": {{ c.function.name | tojson }}, \"arguments\": {{ c.function.arguments | tojson }}, "
+    "\"id\": {{ c.id | tojson }}}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}"
+    "{% elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}"
+    "{% elif m.role == 'tool' %}{% if m.tool_call_id is not defined or m.tool_call_id | length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+    "[TOOL_RESULTS]{\"content\": {{ m.content | tojson }}, \"call_id\": {{ m.tool_call_id | tojson }}}"
+    "[/TOOL_RESULTS]{% endif %}{% endfor %}"
+)
+
+
+def test_mistral_calls_are_read_in_both_of_its_formats_and_each_gets_a_9_character_id():
+    from gspo.rollout.tools import ToolCall, call_id, parse_mistral
+
+    v3 = 'I will add. [TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}, ' \
+         '{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 1}", "id": "Ab3dE6gH9"}]'
+    calls = parse_mistral(v3)
+    assert calls == [ToolCall("add", {"a": 2, "b": 3}, id=call_id(v3, 0)), ToolCall("add", {"a": 1, "b": 1}, id="Ab3dE6gH9")]
+    assert len(calls[0].id) == 9 and calls[0].id.isalnum() and calls[0].id == parse_mistral(v3)[0].id  # the same each run
+    assert call_id(v3, 0) != call_id(v3, 1) != call_id(v3 + " ", 1)
+    v11 = '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}[TOOL_CALLS]add[CALL_ID]xYz123abc[ARGS]{"a": 4, "b": 5}'
+    assert parse_mistral(v11) == [ToolCall("add", {"a": 2, "b": 3}, id=call_id(v11, 0)),
+                                  ToolCall("add", {"a": 4, "b": 5}, id="xYz123abc")]
+    assert parse_mistral("the answer is 5") == []
+    bad = parse_mistral('[TOOL_CALLS][{"name": "add", "arguments": {"a": 2,')
+    assert len(bad) == 1 and bad[0].error.startswith("not JSON") and len(bad[0].id) == 9  # its reply needs an id too
+    assert parse_mistral('[TOOL_CALLS]add{"a": 1}')[0].error == "no tool name and [ARGS] after [TOOL_CALLS]"
+    assert parse_mistral('[TOOL_CALLS][{"name": "add", "arguments": {}, "id": "short"}]')[0].id != "short"
+
+
+def test_a_template_that_pairs_replies_with_call_ids_is_checked_with_ids_and_says_which_parser_writes_them():
+    from gspo.config import ConfigError
+    from gspo.rollout.episodes import check_tool_template
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = MISTRAL_STYLE
+    schema = [tool_schema(add)]
+    assert check_tool_template(tok, schema, call_ids=True) is None
+    assert check_tool_template(tok, schema, call_ids=None) is None  # a parser of the user's: either form
+    with pytest.raises(ConfigError, match="length 9.*needs rollout.tool_parser=mistral"):
+        check_tool_template(tok, schema)  # hermes or llama3_json: no ids
+
+
+def test_a_mistral_style_episode_carries_the_call_ids_into_the_template_and_the_turns():
+    from gspo.rollout.episodes import run_episodes
+    from gspo.rollout.tools import ToolRunner, call_id, parse_mistral
+    from test_tools import Scripted
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = MISTRAL_STYLE
+    first = '[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}]'
+    gen = Scripted(tok, [first, "5"])
+    with ToolRunner([add], num_workers=0) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "2+3?"}]], 1, tools=[add], runner=runner,
+                          parser=parse_mistral, max_turns=3, max_tokens=400)
+    cid = call_id(first, 0)
+    call = {"id": cid, "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    assert ro.turns[0] == [{"role": "assistant", "content": first, "tool_calls": [call]},
+                           {"role": "tool", "name": "add", "content": "5", "tool_call_id": cid},
+                           {"role": "assistant", "content": "5"}]
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    turn1 = enc(first) + [tok.eos_token_id]
+    inserted = enc('[TOOL_RESULTS]{"content": "5", "call_id": "' + cid + '"}[/TOOL_RESULTS]')
+    want = turn1 + inserted + enc("5") + [tok.eos_token_id]
+    assert ro.completion_ids[0, :len(want)].tolist() == want
+    assert ro.loss_mask[0, :len(want)].tolist() == [1] * len(turn1) + [0] * len(inserted) + [1] * 2
+    assert ro.finish_reason == ["done"] and ro.episode_stats["episode/tool_ok_mean"] == 1

@@ -134,7 +134,8 @@ class RolloutConfig:
                            "tools, step(messages) -> (messages, done) answers a turn without a call, its reward "
                            "reaches the reward functions as the env_reward column (docs/tools.md)")
     tool_parser: str = doc("hermes", "how tool calls are read from a turn: hermes (<tool_call>{json}</tool_call>, Qwen "
-                           "and Hermes templates), llama3_json (a turn that is {json} calls, Llama 3.1-3.3) or a "
+                           "and Hermes templates), llama3_json (a turn that is {json} calls, Llama 3.1-3.3), mistral "
+                           "([TOOL_CALLS] calls, with the call ids Mistral's templates pair replies by) or a "
                            "function text -> list[ToolCall] by import path")
     max_turns: int = doc(4, "rollout.tools: model turns per episode at most (the last turn's calls are not run)")
     max_episode_tokens: int = doc(0, "rollout.tools: tokens after the prompt per episode at most, the model's and the "

@@ -63,6 +63,11 @@ def _parse(parser: Callable, text: str) -> list:
     return list(calls)
 
 
+def call_messages(calls: Sequence[ToolCall]) -> list[dict]:
+    """The `tool_calls` of an assistant message, in the form chat templates read."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
 def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                          add_generation_prompt=generation_prompt)
@@ -77,21 +82,33 @@ def episode_schemas(tools: Sequence[Callable], env) -> list[dict]:
                                                 for fn in env_tools(env)]
 
 
-def check_tool_template(tokenizer, schemas: list[dict]) -> str | None:
+def check_tool_template(tokenizer, schemas: list[dict], call_ids: bool | None = False) -> str | None:
     """Whether the chat template can play tool episodes, checked on a probe conversation before
     any sampling: it must render a tool's reply (one that drops or refuses role "tool" messages
     would hide every reply from the model: ConfigError). Returns a warning when it ignores
-    `tools=` (the model is then not shown the schemas, unless the prompts carry them)."""
+    `tools=` (the model is then not shown the schemas, unless the prompts carry them).
+    `call_ids`: whether the tool parser gives each call an id, which the reply then carries
+    (`parse_mistral`: True); None for a parser of the user's, which may (either form passes)."""
     if not schemas:
         return None
-    probe = "gspo-probe-reply-7d3"
+    probe, name = "gspo-probe-reply-7d3", schemas[0]["function"]["name"]
     talk = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
-            {"role": "tool", "name": schemas[0]["function"]["name"], "content": probe}]
-    try:
-        shown = probe in render(tokenizer, talk, schemas, generation_prompt=True)
-    except Exception as e:  # e.g. a template that wants ids on tool calls it did not make
-        raise ConfigError(f"config field 'rollout.tools': the tokenizer's chat template fails on a tool's reply "
-                          f"({type(e).__name__}: {e})") from None
+            {"role": "tool", "name": name, "content": probe}]
+    with_ids = [talk[0], {**talk[1], "tool_calls": call_messages([ToolCall(name, id="gspoProbe")])},
+                {**talk[2], "tool_call_id": "gspoProbe"}]
+    tries = {True: [with_ids], False: [talk], None: [talk, with_ids]}[call_ids]
+    for i, t in enumerate(tries):
+        try:
+            shown = probe in render(tokenizer, t, schemas, generation_prompt=True)
+            talk = t
+            break
+        except Exception as e:  # e.g. a template that wants ids on tool calls (Mistral's)
+            if i + 1 < len(tries):
+                continue
+            hint = "" if call_ids else "; a template that pairs replies with call ids, as Mistral's does, needs " \
+                                       "rollout.tool_parser=mistral"
+            raise ConfigError(f"config field 'rollout.tools': the tokenizer's chat template fails on a tool's reply "
+                              f"({type(e).__name__}: {e}){hint}") from None
     if not shown:
         raise ConfigError("config field 'rollout.tools': the tokenizer's chat template drops messages of role "
                           "'tool', so the model would never see the tools' replies; use a model whose template "
@@ -207,6 +224,10 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
                 e.calls += len(calls)
                 e.outcomes.update(r.outcome for r in replies)
                 msgs = [{"role": "tool", "name": r.name, "content": r.content} for r in replies]
+                if any(c.id for c in calls):  # a template that pairs replies with calls (Mistral's)
+                    e.messages[-1]["tool_calls"] = e.new[-1]["tool_calls"] = call_messages(calls)
+                    for m, c in zip(msgs, calls):
+                        m["tool_call_id"] = c.id
             else:  # a game's move: the environment answers (on the last turn too: it may end the game)
                 (status, got), = runner.step([i], [e.messages])
                 if status != "ok":

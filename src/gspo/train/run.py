@@ -343,9 +343,10 @@ def build_run(cfg: Config) -> Run:
     schemas = None  # an episode's prompt is rendered with the tools' schemas (None: no episodes)
     if tools is not None:                                                # its chat template, for episodes
         from gspo.rollout.episodes import check_tool_template, episode_schemas
+        from gspo.rollout.tools import writes_call_ids
 
         schemas = episode_schemas(tools[0], tools[2])
-        warning = check_tool_template(tok, schemas)
+        warning = check_tool_template(tok, schemas, call_ids=writes_call_ids(cfg.rollout.tool_parser))
         if warning and d.is_main:
             print(f"warning: {warning}", file=sys.stderr)
     threads_for_model(cfg, model)
