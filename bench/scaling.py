@@ -22,7 +22,7 @@ alternating order (no point always first or last), --rounds times. A point's tim
 over rounds. The exponent of an axis and phase is the least-squares slope of log(time) against
 log(x) over the axis's points (medians), with the min-max of the same fit done round by round;
 1.0 is linear, the issue's goal for G and length is <= 1.1. Next to it, the "FLOP exponent": the
-same fit of the phase's executed FLOPs (bench/flops.py:step_flops) -- what the arithmetic alone
+same fit of the phase's executed FLOPs (bench/flop_count.py:step_flops) -- what the arithmetic alone
 would give (attention is quadratic in length, the weights quadratic in width) -- and the
 GFLOP/s at each point. Time exponent above the FLOP exponent = the phase gets less efficient
 as the axis grows.
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import flops as bench_flops  # noqa: E402  (bench/flops.py)
+import flop_count  # noqa: E402  (bench/flop_count.py)
 import step as bench_step  # noqa: E402  (bench/step.py)
 
 PHASES = ("step", "generate", "pi_old", "update", "score")
@@ -130,7 +130,7 @@ def run(args, extra: list[str]) -> dict:
                     ctx, state = ctxs[i]
                     index = state.rollout
                     t, rollout = bench_step.timed_step(ctx, state)
-                    flops[i].append(bench_flops.step_flops(ctx, rollout, index))
+                    flops[i].append(flop_count.step_flops(ctx, rollout, index))
                     times[i].append(t)
                     tokens[i].append(float(rollout.completion_mask.sum()) / rollout.num_samples)
                 if not args.quiet:

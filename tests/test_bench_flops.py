@@ -27,7 +27,7 @@ def _load(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def flops() -> ModuleType:
-    return _load("flops")
+    return _load("flop_count")
 
 
 @pytest.fixture(scope="module")
