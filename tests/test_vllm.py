@@ -428,7 +428,7 @@ def test_vllm_cpu_runs_tool_episodes_token_in_token_out(tmp_path):
     trainer's log-probs of the model's tokens (after the tool replies too) match the engine's."""
     if _vllm_platform() != "cpu":
         pytest.skip("needs the CPU build of vLLM (vllm-cpu)")
-    from test_tools import TOOL_RUN, _tool_model
+    from test_tools_cli import TOOL_RUN, _tool_model
 
     model = _tool_model(tmp_path / "model", hidden=128)  # vllm-cpu's attention kernels need head_dim 32+
     recs = _train_run(tmp_path, "vllm.kv_cache_gb=0.25", f"model.name_or_path={model}", *TOOL_RUN,
