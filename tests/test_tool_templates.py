@@ -111,7 +111,7 @@ LLAMA_STYLE = (
 
 def test_a_llama_style_episode_reads_the_json_call_and_inserts_an_ipython_turn():
     from gspo.rollout.episodes import check_tool_template, inserted_text
-    from gspo.rollout.tools import ToolCall, parse_llama3_json
+    from gspo.rollout.tool_calls import ToolCall, parse_llama3_json
 
     tok = build_char_tokenizer(CHARS)
     tok.chat_template = LLAMA_STYLE
@@ -149,7 +149,7 @@ MISTRAL_STYLE = (
 
 
 def test_mistral_calls_are_read_in_both_of_its_formats_and_each_gets_a_9_character_id():
-    from gspo.rollout.tools import ToolCall, call_id, parse_mistral
+    from gspo.rollout.tool_calls import ToolCall, call_id, parse_mistral
 
     v3 = 'I will add. [TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}, ' \
          '{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 1}", "id": "Ab3dE6gH9"}]'
@@ -182,7 +182,8 @@ def test_a_template_that_pairs_replies_with_call_ids_is_checked_with_ids_and_say
 
 def test_a_mistral_style_episode_carries_the_call_ids_into_the_template_and_the_turns():
     from gspo.rollout.episodes import run_episodes
-    from gspo.rollout.tools import ToolRunner, call_id, parse_mistral
+    from gspo.rollout.tool_calls import call_id, parse_mistral
+    from gspo.rollout.tools import ToolRunner
     from test_tools import Scripted
 
     tok = build_char_tokenizer(CHARS)

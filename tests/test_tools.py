@@ -20,8 +20,8 @@ from gspo.models.tiny import build_char_tokenizer, build_tiny_model
 from gspo.rollout import Rollout
 from gspo.rollout.hf import HFGenerator
 from gspo.rollout.episodes import run_episodes
-from gspo.rollout.tools import (ToolCall, ToolConfigError, ToolRunner, load_tools, parse_hermes, parse_llama3_json,
-                               resolve_parser, tool_schema)
+from gspo.rollout.tool_calls import ToolCall, ToolConfigError, parse_hermes, parse_llama3_json, resolve_parser
+from gspo.rollout.tools import ToolRunner, load_tools, tool_schema
 
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 

@@ -30,7 +30,8 @@ import torch
 from gspo.config import ConfigError
 from gspo.data import encode_texts
 from gspo.rollout import Rollout, chunk_seed, left_pad
-from gspo.rollout.tools import OUTCOMES, ToolCall, ToolRunner, env_tools, method_schema, tool_schema
+from gspo.rollout.tool_calls import ToolCall
+from gspo.rollout.tools import OUTCOMES, ToolRunner, env_tools, method_schema, tool_schema
 
 
 class _Episode:
@@ -59,7 +60,7 @@ def _parse(parser: Callable, text: str) -> list:
         return [ToolCall("", error=f"the tool parser could not read this turn ({type(e).__name__}: {e})")]
     if not isinstance(calls, (list, tuple)) or not all(isinstance(c, ToolCall) for c in calls):
         raise ConfigError(f"config field 'rollout.tool_parser': the parser returned {str(calls)[:120]!r}, "
-                          "not a list of gspo.rollout.tools.ToolCall")
+                          "not a list of gspo.rollout.tool_calls.ToolCall")
     return list(calls)
 
 

@@ -31,7 +31,8 @@ from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout.hf import HFGenerator
-from gspo.rollout.tools import ToolConfigError, ToolRunner, load_environment, load_tools, resolve_parser
+from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call_ids
+from gspo.rollout.tools import ToolRunner, load_environment, load_tools
 from gspo.models.routing import RouteTracker, find_routers
 from gspo.tasks import TASKS, TASK_CHARS
 
@@ -343,7 +344,6 @@ def build_run(cfg: Config) -> Run:
     schemas = None  # an episode's prompt is rendered with the tools' schemas (None: no episodes)
     if tools is not None:                                                # its chat template, for episodes
         from gspo.rollout.episodes import check_tool_template, episode_schemas
-        from gspo.rollout.tools import writes_call_ids
 
         schemas = episode_schemas(tools[0], tools[2])
         warning = check_tool_template(tok, schemas, call_ids=writes_call_ids(cfg.rollout.tool_parser))
