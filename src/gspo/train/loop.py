@@ -28,13 +28,13 @@ from gspo.train import faults
 from gspo.config import Config, objective_args
 from gspo.models.logprobs import can_share_prompt, share_min_saved
 from gspo.train.evaluate import evaluate_run
-from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics, write_completions
+from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
 from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rollout import Rollout, chunk_seed
 from gspo.train.produce import ScoredRollout, produce, sample_and_score, score  # noqa: F401  (re-exported)
 from gspo.train.run import Run, build_run, push_weights
-from gspo.train.step_metrics import (add_micro_metrics, completion_rows, mismatch_metrics, mismatch_over_parts,
-                               reduce_minibatch_metrics, rollout_metrics)
+from gspo.train.step_metrics import (add_micro_metrics, log_step, mismatch_metrics, mismatch_over_parts,
+                                     reduce_minibatch_metrics)
 from gspo.report.trackers import open_trackers
 
 
@@ -511,57 +511,3 @@ def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
     if run.dist.is_main:
         print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
               file=sys.stderr)
-
-
-def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerState, scored: ScoredRollout,
-             steps: list[dict], info: dict, eval_metrics: dict) -> None:
-    """One line per optimizer step in metrics.jsonl (and the trackers): the rollout's metrics,
-    the step's own, and the evaluation on the rollout's last step; the console; completions."""
-    d, rollout = run.dist, scored.rollout
-    common = rollout_metrics(d, rollout, scored.rewards, scored.adv_stats)
-    n_tokens, n_all = (int(x) for x in d.all_reduce(
-        [float(rollout.completion_mask.sum()), float(rollout.attention_mask.sum())]))
-    common.update({**info, **scored.times, "tokens/completion": n_tokens, "tokens/total": n_all,
-                   "rollout": state.rollout, "tokens_per_s": n_tokens / info["time/step"]})
-    first = state.step - len(steps) + 1
-    for i, m in enumerate(steps):
-        rec = {"step": first + i, **common, **m}
-        if i == len(steps) - 1:
-            rec.update(eval_metrics)
-        if sinks:
-            sinks.write(rec)
-    console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
-    if d.is_main:
-        _warn_no_signal(run, state.rollout, common)
-        _log_completions(run, console, sinks, state, scored)
-
-
-def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
-    """Say so, at most once in logging.no_signal_every rollouts, when every group of the rollout
-    had equal rewards: every advantage was 0, so the update had no gradient from the loss."""
-    every = run.cfg.logging.no_signal_every
-    run.no_signal.append(metrics.get("adv/frac_zero_std", 0.0) >= 1.0)
-    if not (every and run.no_signal[-1]) or rollout - run.no_signal_warned < every:
-        return
-    run.no_signal_warned = rollout
-    recent = run.no_signal[-every:]
-    print(f"rollout {rollout}: every group's rewards were equal ({sum(recent)} of the last {len(recent)} rollouts): "
-          "the advantages are all 0 and the loss has no gradient. Check that the reward functions can tell the "
-          "completions apart (rewards.functions), that the model can reach a reward at all (a short supervised "
-          "warm-up, easier prompts), or raise rollout.group_size / rollout.temperature for more varied groups.",
-          file=sys.stderr, flush=True)
-
-
-def _log_completions(run: Run, console: Console, sinks: Sinks, state: TrainerState, scored: ScoredRollout):
-    lc = run.cfg.logging
-    want_file = lc.completions_every and (state.rollout % lc.completions_every == 0 or state.rollout == 1)
-    want_table = lc.table_every and state.rollout % lc.table_every == 0
-    if not (want_file or want_table):
-        return
-    rows = completion_rows(state.step, scored.rollout, scored.rewards, scored.advantages)
-    if want_file:
-        write_completions(run.cfg.run_dir, state.step, rows)
-        sinks.table(state.step, rows)  # the trackers mirror completions/
-    if want_table:
-        G = scored.rollout.group_size
-        console.table(f"rollout {state.rollout}", rows[:: max(G // 2, 1)][: lc.table_rows])
