@@ -1,12 +1,16 @@
 """examples/claims/: the staleness claim's command in its quick mode (async mode, GSPO and
-GRPO), the clipping read-out over its runs, and the shared collapse rule."""
+GRPO), the clipping read-out over its runs, and the shared collapse rule. The script's
+`python -m gspo demo` processes are forked from the fork server (tests/zygote.py), which runs
+what they run without a fresh interpreter's imports."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 
 from script_module import ROOT, load_script
+from zygote import script_subprocess
 
 
 def _load(monkeypatch, name):
@@ -25,6 +29,7 @@ def test_collapse_rule_is_the_documented_one(monkeypatch):
 
 def test_staleness_then_clipping_quick(monkeypatch, tmp_path):
     staleness = _load(monkeypatch, "staleness")
+    monkeypatch.setattr(sys.modules[staleness.run_demo.__module__], "subprocess", script_subprocess)
     out = tmp_path / "staleness"
     results = staleness.main(["--quick", "--out", str(out)])
     assert {(r["algo"], r["K"]) for r in results} == {("gspo", 1), ("grpo", 1)}

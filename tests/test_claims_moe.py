@@ -1,10 +1,13 @@
-"""examples/claims/moe_routing.py end to end at its smallest (--quick), and its shaped reward."""
+"""examples/claims/moe_routing.py end to end at its smallest (--quick), and its shaped reward.
+The script's `python -m gspo train` and `python -c` warm-up processes are forked from the fork
+server (tests/zygote.py), which runs what they run without a fresh interpreter's imports."""
 
 from __future__ import annotations
 
 import json
 
 from script_module import load_script
+from zygote import script_subprocess
 
 
 def test_digit_credit_by_hand():
@@ -16,8 +19,9 @@ def test_digit_credit_by_hand():
     assert mod.digit_credit(["1+1="], [[{"role": "assistant", "content": " 2 "}]], answer=["2"]) == [1.0]
 
 
-def test_moe_routing_quick(tmp_path):
+def test_moe_routing_quick(monkeypatch, tmp_path):
     mod = load_script("examples/claims/moe_routing.py", "claims_moe_routing")
+    monkeypatch.setattr(mod, "subprocess", script_subprocess)
     results = mod.main(["--quick", "--out", str(tmp_path)])
     assert [(r["algo"], r["seed"]) for r in results] == [("gspo", 0), ("grpo", 0)]
     assert all(r["status"] == "ok" and r["steps"] == 3 * mod.MINIBATCHES for r in results)

@@ -1,17 +1,21 @@
 """examples/claims/precision.py in its quick mode: two cells (GSPO with the fp16 sampler's
 log-probs as pi_old, GRPO with a bf16 sampler, the trainer's pi_old and TIS), one seed, three
-rollouts, through the script's own main()."""
+rollouts, through the script's own main(). Its `python -m gspo demo` processes are forked from
+the fork server (tests/zygote.py), which runs what they run without a fresh interpreter's imports."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 from script_module import ROOT, load_script
+from zygote import script_subprocess
 
 
 def test_precision_claim_quick(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(ROOT / "examples" / "claims"))
     precision = load_script("examples/claims/precision.py", "claims_precision")
+    monkeypatch.setattr(sys.modules[precision.run_demo.__module__], "subprocess", script_subprocess)
     out = tmp_path / "precision"
     results = precision.main(["--quick", "--out", str(out)])
     assert {(r["algo"], r["cell"]) for r in results} == {("gspo", "fp16-sampler"), ("grpo", "bf16-trainer-tis")}

@@ -5,8 +5,9 @@ Why: a fresh interpreter spends ~4-6 s of CPU importing torch and transformers b
 test run does ~1 s of work, and the suite starts well over a hundred of them. A forked child is
 still a separate process: it gets its own pid, exit status, signals (SIGKILL, SIGTERM), open
 files and output, so kill-and-resume tests test what they did. It runs `gspo.cli.main` as
-`python -m gspo` does and exits through the interpreter's normal shutdown (atexit handlers,
-non-daemon threads joined, buffers flushed).
+`python -m gspo` does and ends as the interpreter does (exit status, non-daemon threads joined,
+atexit handlers run, standard streams flushed), then leaves by os._exit: the interpreter's
+teardown of every module, ~2 s of CPU with torch and transformers loaded, is skipped.
 
 What a fresh interpreter would read from the environment at import time is set again in the
 child where gspo depends on it: the environment itself, the working directory, `PYTHONPATH`
@@ -121,12 +122,14 @@ def _child(req: dict) -> None:
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+    if "code" in req:  # `python -c CODE`
+        _run_code(req["code"], env)
     sys.argv = ["gspo", *req["argv"]]
     from gspo.cli import main
     from gspo.train import async_job
 
     async_job.subprocess = _ForkingSubprocess  # async mode's generators: forked from the learner too
-    sys.exit(main(req["argv"]))
+    _run_as_main(lambda: sys.exit(main(req["argv"])))
 
 
 class _Signals:
@@ -185,23 +188,35 @@ class _ForkedPopen(_Signals):
 
 
 def _run_code(code: str, env: dict) -> None:
-    """In a forked child: run CODE as `python -c CODE` would, then end as the interpreter does
-    (non-daemon threads joined, atexit handlers run, streams flushed) with its exit status."""
-    import atexit
-    import traceback
-
+    """In a forked child: run CODE as `python -c CODE` would, and end as the interpreter does."""
     _fresh_process_state(env)
     sys.stdin = open(0, closefd=False)
     sys.argv = ["-c"]
-    rc = 0
+    _run_as_main(lambda: exec(compile(code, "<string>", "exec"), {"__name__": "__main__"}))
+
+
+def _run_as_main(program) -> None:
+    """In a forked child: run `program()` as an interpreter runs its main program and end as it
+    does: the exit status of a SystemExit (a non-integer one printed, status 1), an uncaught
+    exception's traceback and status 1 (an uncaught KeyboardInterrupt ends the process by
+    SIGINT), then non-daemon threads joined, atexit handlers run, the standard streams flushed.
+    Then os._exit: the teardown of every module that follows in an interpreter (~2 s of freeing
+    objects with torch and transformers loaded, a fork's copy of the server's) is skipped."""
+    import atexit
+    import traceback
+
+    rc, interrupted = 0, False
     try:
-        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+        program()
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             rc = e.code or 0
         else:
             print(e.code, file=sys.stderr)
             rc = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        rc, interrupted = 1, True
     except BaseException:
         traceback.print_exc()
         rc = 1
@@ -211,6 +226,9 @@ def _run_code(code: str, env: dict) -> None:
         for f in (sys.stdout, sys.stderr):
             f.flush()
     finally:
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(rc)
 
 
@@ -262,12 +280,14 @@ class _Server:
                     self.exits[msg["exit"]] = msg["rc"]
                 self.cond.notify_all()
 
-    def start(self, argv: list[str], env: dict, cwd: str, stdout: str, stderr: str) -> int:
+    def start(self, argv: list[str], env: dict, cwd: str, stdout: str, stderr: str, code: str | None = None) -> int:
         with self.lock:
             rid = self.next_id
             self.next_id += 1
             req = {"id": rid, "argv": list(map(str, argv)), "env": env, "cwd": cwd, "stdout": stdout,
                    "stderr": stderr}
+            if code is not None:
+                req["code"] = code
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
         with self.cond:
@@ -294,12 +314,13 @@ class GspoProcess(_Signals):
     """A running `gspo` command (what `subprocess.Popen` offers that the tests use). Its stdout
     and stderr go to files, readable while it runs (`read_stderr`)."""
 
-    def __init__(self, argv, env=None, cwd=None):
-        self.args = ["gspo", *map(str, argv)]
+    def __init__(self, argv, env=None, cwd=None, code: str | None = None):
+        self.args = ["gspo", *map(str, argv)] if code is None else [sys.executable, "-c", code]
         self._dir = tempfile.mkdtemp(prefix="gspo-zygote-")
         self._out, self._err = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
         env = dict(os.environ if env is None else env)
-        self.pid = _get_server().start(list(argv), env, os.path.abspath(cwd or os.getcwd()), self._out, self._err)
+        self.pid = _get_server().start(list(argv), env, os.path.abspath(cwd or os.getcwd()), self._out, self._err,
+                                       code)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -341,6 +362,43 @@ def gspo(argv, env=None, cwd=None, timeout: float | None = 600) -> subprocess.Co
     p = GspoProcess(argv, env=env, cwd=cwd)
     out, err = p.communicate(timeout)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+_subprocess_run = subprocess.run
+
+
+def run(cmd, *, env=None, cwd=None, capture_output=False, text=None, check=False, timeout=None, **kw):
+    """`subprocess.run` for the commands a script under test starts: `python -m gspo ARGS` and
+    `python -c CODE` with their output captured are forked (as `gspo` above), anything else is
+    run as `subprocess.run` runs it."""
+    forked = (isinstance(cmd, (list, tuple)) and capture_output and not kw and len(cmd) >= 3
+              and str(cmd[0]) == sys.executable
+              and ((cmd[1] == "-m" and cmd[2] == "gspo") or (cmd[1] == "-c" and len(cmd) == 3)))
+    if not forked:
+        return _subprocess_run(cmd, env=env, cwd=cwd, capture_output=capture_output, text=text, check=check,
+                               timeout=timeout, **kw)
+    argv, code = ([], cmd[2]) if cmd[1] == "-c" else (list(cmd[3:]), None)
+    p = GspoProcess(argv, env=env, cwd=cwd, code=code)
+    out, err = p.communicate(timeout)
+    if not text:
+        out, err = out.encode(), err.encode()
+    done = subprocess.CompletedProcess(list(cmd), p.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
+
+
+class _ScriptSubprocess:
+    """A script's `subprocess` module with `run` forking its `python -m gspo` and `python -c`
+    commands (zygote.run): `monkeypatch.setattr(script, "subprocess", zygote.script_subprocess)`."""
+
+    run = staticmethod(run)
+
+    def __getattr__(self, name):
+        return getattr(subprocess, name)
+
+
+script_subprocess = _ScriptSubprocess()
 
 
 def gspo_torchrun(nproc: int, argv, env=None, cwd=None, timeout: float | None = 600) -> subprocess.CompletedProcess:
