@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from script_module import load_script
+from zygote import popen
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 # The analytic counts are exact integer formulas; FlopCounterMode counts the same matmuls. The
@@ -36,13 +36,14 @@ def scaling() -> ModuleType:
 
 
 def test_quick_runs(tmp_path: Path) -> None:
-    """Both scripts run end to end in --quick mode (concurrently, to keep the test short)."""
+    """Both scripts run end to end in --quick mode (concurrently, to keep the test short), each
+    `python bench/SCRIPT.py` forked from the fork server (tests/zygote.py), which runs the script
+    without a fresh interpreter's imports of torch, transformers and gspo."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
     outs = {name: tmp_path / f"{name}.json" for name in ("flops", "scaling", "flops-model")}
     extra = {"flops-model": ["--model", "tiny-dense"]}  # a bench/trl_compare.py model, saved and loaded by path
-    procs = {name: subprocess.Popen([sys.executable, str(BENCH / f"{name.split('-')[0]}.py"), "--quick", "--out",
-                                     str(out), *extra.get(name, [])],
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = {name: popen([sys.executable, str(BENCH / f"{name.split('-')[0]}.py"), "--quick", "--out", str(out),
+                          *extra.get(name, [])], env=env)
              for name, out in outs.items()}
     for name, p in procs.items():
         stdout, stderr = p.communicate(timeout=120)

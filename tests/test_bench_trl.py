@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from script_module import load_script
+from zygote import script_subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "trl_compare.py"
 
 
 def _trl_missing() -> str | None:
@@ -29,14 +28,22 @@ TRL_MISSING = _trl_missing()
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> dict:
-    """One `--quick` run (both sides when trl imports, else gspo only) and its JSON."""
+    """One `--quick` run (both sides when trl imports, else gspo only) and its JSON: the script's
+    main() in this process, each cell's `python bench/trl_cells.py` process forked from the fork
+    server (tests/zygote.py), which runs it without a fresh interpreter's imports of torch,
+    transformers and gspo."""
     out = tmp_path_factory.mktemp("trl_compare") / "result.json"
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
-    args = [sys.executable, str(SCRIPT), "--quick", "--out", str(out)]  # the script skips TRL itself if missing
-    p = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert p.returncode == 0, f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
+    mod = load_script("bench/trl_compare.py", "bench_trl_compare")
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mod, "subprocess", script_subprocess)
+        mp.setenv("OMP_WAIT_POLICY", "PASSIVE")
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.chdir(ROOT)
+        with contextlib.redirect_stdout(stdout):
+            mod.main(["--quick", "--out", str(out)])  # the script skips TRL itself if missing
     res = json.loads(out.read_text())
-    res["_stdout"] = p.stdout
+    res["_stdout"] = stdout.getvalue()
     return res
 
 

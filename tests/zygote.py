@@ -20,6 +20,8 @@ and one async test).
     p = gspo(["train", "k=v", ...], env=env)              # like subprocess.run(capture_output=True)
     h = gspo_popen(["train", ...], env=env); h.kill()     # like subprocess.Popen
     p = gspo_torchrun(2, ["train", ...], env=env)         # like torchrun --nproc-per-node 2 -m gspo
+    h = popen([sys.executable, "bench/x.py", ...])        # python SCRIPT / -c CODE / -m gspo, forked
+    monkeypatch.setattr(script, "subprocess", script_subprocess)  # a script's own subprocess.run, forked
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def _fresh_process_state(env: dict) -> None:
 
 
 def _child(req: dict) -> None:
-    """Become `python -m gspo ARGV` with the request's environment, directory and output files."""
+    """Become `python -m gspo ARGV` (or `python -c CODE`, or `python SCRIPT ARGV`) with the
+    request's environment, directory and output files."""
     import torch
 
     env = req["env"]
@@ -108,8 +111,9 @@ def _child(req: dict) -> None:
     for path in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
         if path not in sys.path:
             sys.path.insert(0, path)
-    if "" not in sys.path:
-        sys.path.insert(0, "")
+    first = os.path.dirname(os.path.abspath(req["script"])) if "script" in req else ""  # what python puts first
+    if first not in sys.path:
+        sys.path.insert(0, first)
     if env.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     null = os.open(os.devnull, os.O_RDONLY)
@@ -124,6 +128,11 @@ def _child(req: dict) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     if "code" in req:  # `python -c CODE`
         _run_code(req["code"], env)
+    if "script" in req:  # `python SCRIPT ARGV`
+        import runpy
+
+        sys.argv = [req["script"], *req["argv"]]
+        _run_as_main(lambda: runpy.run_path(req["script"], run_name="__main__"))
     sys.argv = ["gspo", *req["argv"]]
     from gspo.cli import main
     from gspo.train import async_job
@@ -280,7 +289,8 @@ class _Server:
                     self.exits[msg["exit"]] = msg["rc"]
                 self.cond.notify_all()
 
-    def start(self, argv: list[str], env: dict, cwd: str, stdout: str, stderr: str, code: str | None = None) -> int:
+    def start(self, argv: list[str], env: dict, cwd: str, stdout: str, stderr: str, code: str | None = None,
+              script: str | None = None) -> int:
         with self.lock:
             rid = self.next_id
             self.next_id += 1
@@ -288,6 +298,8 @@ class _Server:
                    "stderr": stderr}
             if code is not None:
                 req["code"] = code
+            if script is not None:
+                req["script"] = script
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
         with self.cond:
@@ -314,13 +326,14 @@ class GspoProcess(_Signals):
     """A running `gspo` command (what `subprocess.Popen` offers that the tests use). Its stdout
     and stderr go to files, readable while it runs (`read_stderr`)."""
 
-    def __init__(self, argv, env=None, cwd=None, code: str | None = None):
-        self.args = ["gspo", *map(str, argv)] if code is None else [sys.executable, "-c", code]
+    def __init__(self, argv, env=None, cwd=None, code: str | None = None, script: str | None = None):
+        self.args = ([sys.executable, "-c", code] if code is not None else
+                     [sys.executable, script, *map(str, argv)] if script is not None else ["gspo", *map(str, argv)])
         self._dir = tempfile.mkdtemp(prefix="gspo-zygote-")
         self._out, self._err = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
         env = dict(os.environ if env is None else env)
         self.pid = _get_server().start(list(argv), env, os.path.abspath(cwd or os.getcwd()), self._out, self._err,
-                                       code)
+                                       code, None if script is None else os.path.abspath(os.path.join(cwd or "", script)))
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -367,18 +380,38 @@ def gspo(argv, env=None, cwd=None, timeout: float | None = 600) -> subprocess.Co
 _subprocess_run = subprocess.run
 
 
+def _forkable(cmd) -> dict | None:
+    """GspoProcess's arguments for `python -m gspo ARGS`, `python -c CODE` or `python SCRIPT.py
+    ARGS` (no interpreter options), else None."""
+    if not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or str(cmd[0]) != sys.executable:
+        return None
+    cmd = list(map(str, cmd))
+    if cmd[1:3] == ["-m", "gspo"]:
+        return {"argv": cmd[3:]}
+    if cmd[1] == "-c" and len(cmd) == 3:
+        return {"argv": [], "code": cmd[2]}
+    if cmd[1].endswith(".py"):
+        return {"argv": cmd[2:], "script": cmd[1]}
+    return None
+
+
+def popen(cmd, env=None, cwd=None) -> GspoProcess:
+    """`subprocess.Popen(cmd, stdout=PIPE, stderr=PIPE, text=True)` for a command `_forkable`
+    takes, forked: `communicate()` returns its output."""
+    how = _forkable(cmd)
+    assert how is not None, cmd
+    return GspoProcess(env=env, cwd=cwd, **how)
+
+
 def run(cmd, *, env=None, cwd=None, capture_output=False, text=None, check=False, timeout=None, **kw):
-    """`subprocess.run` for the commands a script under test starts: `python -m gspo ARGS` and
-    `python -c CODE` with their output captured are forked (as `gspo` above), anything else is
-    run as `subprocess.run` runs it."""
-    forked = (isinstance(cmd, (list, tuple)) and capture_output and not kw and len(cmd) >= 3
-              and str(cmd[0]) == sys.executable
-              and ((cmd[1] == "-m" and cmd[2] == "gspo") or (cmd[1] == "-c" and len(cmd) == 3)))
-    if not forked:
+    """`subprocess.run` for the commands a script under test starts: `python -m gspo ARGS`,
+    `python -c CODE` and `python SCRIPT.py ARGS` with their output captured are forked (as
+    `gspo` above), anything else is run as `subprocess.run` runs it."""
+    how = _forkable(cmd) if capture_output and not kw else None
+    if how is None:
         return _subprocess_run(cmd, env=env, cwd=cwd, capture_output=capture_output, text=text, check=check,
                                timeout=timeout, **kw)
-    argv, code = ([], cmd[2]) if cmd[1] == "-c" else (list(cmd[3:]), None)
-    p = GspoProcess(argv, env=env, cwd=cwd, code=code)
+    p = GspoProcess(env=env, cwd=cwd, **how)
     out, err = p.communicate(timeout)
     if not text:
         out, err = out.encode(), err.encode()
@@ -389,8 +422,9 @@ def run(cmd, *, env=None, cwd=None, capture_output=False, text=None, check=False
 
 
 class _ScriptSubprocess:
-    """A script's `subprocess` module with `run` forking its `python -m gspo` and `python -c`
-    commands (zygote.run): `monkeypatch.setattr(script, "subprocess", zygote.script_subprocess)`."""
+    """A script's `subprocess` module with `run` forking its `python -m gspo`, `python -c` and
+    `python SCRIPT.py` commands (zygote.run): `monkeypatch.setattr(script, "subprocess",
+    zygote.script_subprocess)`."""
 
     run = staticmethod(run)
 
