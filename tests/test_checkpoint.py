@@ -7,7 +7,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -31,6 +30,7 @@ from gspo.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from zygote import popen
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -357,10 +357,22 @@ def test_source_never_calls_torch_load_without_weights_only():
 # ----------------------------------------------------------------------------- kill -9
 
 
-def _spawn(script: str, *args) -> subprocess.Popen:
+def _spawn(script: str, *args):
+    """`python -c SCRIPT ARGS` in a process of its own, forked from the fork server
+    (tests/zygote.py), which has imported torch and gspo already."""
     env = dict(os.environ, PYTHONPATH=SRC, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return popen([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], env=env)
+
+
+def _line(proc, n: int, timeout: float = 120) -> str:
+    """The n-th line (from 1) the process writes to its stdout, once it is whole."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = proc.read_stdout().split("\n")[:-1]
+        if len(lines) >= n:
+            return lines[n - 1]
+        assert proc.poll() is None and time.monotonic() < deadline, proc.read_stderr()[-3000:]
+        time.sleep(0.002)
 
 
 SLOW_SAVER = """
@@ -381,11 +393,11 @@ SLOW_SAVER = """
 def test_kill9_mid_save_resumes_from_previous_and_next_save_cleans_up(tmp_path):
     proc = _spawn(SLOW_SAVER, tmp_path)
     try:
-        assert proc.stdout.readline().strip() == "in-save", proc.stderr.read()
+        assert _line(proc, 1).strip() == "in-save"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
     root = tmp_path / "checkpoints"
     stale = root / f".tmp-step-2-{proc.pid}"
     assert (stale / "model.safetensors").is_file() and not (root / "step-2").exists()
@@ -418,15 +430,15 @@ LOOP_SAVER = """
 def test_kill9_at_arbitrary_point_leaves_a_consistent_checkpoint(tmp_path):
     proc = _spawn(LOOP_SAVER, tmp_path)
     try:
-        proc.stdout.readline()
+        _line(proc, 1)
         t0 = time.perf_counter()
-        proc.stdout.readline()
+        _line(proc, 2)
         per_save = time.perf_counter() - t0
         time.sleep(random.Random(0).uniform(0.2, 0.8) * per_save)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
     path = find_resume_checkpoint(tmp_path)
     assert path is not None and all(p.name.startswith(("step-", ".tmp-", "latest")) for p in path.parent.iterdir())
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])

@@ -126,8 +126,8 @@ def _child(req: dict) -> None:
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    if "code" in req:  # `python -c CODE`
-        _run_code(req["code"], env)
+    if "code" in req:  # `python -c CODE ARGV`
+        _run_code(req["code"], env, req["argv"])
     if "script" in req:  # `python SCRIPT ARGV`
         import runpy
 
@@ -196,11 +196,11 @@ class _ForkedPopen(_Signals):
 
 
 
-def _run_code(code: str, env: dict) -> None:
-    """In a forked child: run CODE as `python -c CODE` would, and end as the interpreter does."""
+def _run_code(code: str, env: dict, argv=()) -> None:
+    """In a forked child: run CODE as `python -c CODE ARGV` would, and end as the interpreter does."""
     _fresh_process_state(env)
     sys.stdin = open(0, closefd=False)
-    sys.argv = ["-c"]
+    sys.argv = ["-c", *argv]
     _run_as_main(lambda: exec(compile(code, "<string>", "exec"), {"__name__": "__main__"}))
 
 
@@ -327,7 +327,7 @@ class GspoProcess(_Signals):
     and stderr go to files, readable while it runs (`read_stderr`)."""
 
     def __init__(self, argv, env=None, cwd=None, code: str | None = None, script: str | None = None):
-        self.args = ([sys.executable, "-c", code] if code is not None else
+        self.args = ([sys.executable, "-c", code, *map(str, argv)] if code is not None else
                      [sys.executable, script, *map(str, argv)] if script is not None else ["gspo", *map(str, argv)])
         self._dir = tempfile.mkdtemp(prefix="gspo-zygote-")
         self._out, self._err = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
@@ -381,15 +381,15 @@ _subprocess_run = subprocess.run
 
 
 def _forkable(cmd) -> dict | None:
-    """GspoProcess's arguments for `python -m gspo ARGS`, `python -c CODE` or `python SCRIPT.py
-    ARGS` (no interpreter options), else None."""
+    """GspoProcess's arguments for `python -m gspo ARGS`, `python -c CODE ARGS` or `python
+    SCRIPT.py ARGS` (no interpreter options), else None."""
     if not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or str(cmd[0]) != sys.executable:
         return None
     cmd = list(map(str, cmd))
     if cmd[1:3] == ["-m", "gspo"]:
         return {"argv": cmd[3:]}
-    if cmd[1] == "-c" and len(cmd) == 3:
-        return {"argv": [], "code": cmd[2]}
+    if cmd[1] == "-c" and len(cmd) >= 3:
+        return {"argv": cmd[3:], "code": cmd[2]}
     if cmd[1].endswith(".py"):
         return {"argv": cmd[2:], "script": cmd[1]}
     return None
