@@ -19,6 +19,21 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n` without a --dist of one's own (the README's `python -m pytest -n 2`), work
+    stealing: a worker that runs out of tests takes half of the other's queue, so the two end
+    together; xdist's default (load) hands out chunks in file order and can leave one worker
+    alone with the last slow tests. Here, not in addopts: pytest without xdist (bench/vllm_cpu.sh's
+    venv) would refuse a --dist option."""
+    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    if config.getvalue("dist") != "load" or any(str(a).startswith(("--dist", "-d")) for a in given):
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
+
+
 # ----------------------------------------------------------------------------- deprecations caused by gspo
 # pyproject's filterwarnings makes a FutureWarning/DeprecationWarning attributed to a gspo module an
 # error. transformers attributes most of its own elsewhere: a deprecated forward kwarg to torch's
