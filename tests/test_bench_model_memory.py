@@ -9,6 +9,7 @@ from types import ModuleType
 
 import pytest
 from script_module import load_script
+from zygote import script_subprocess
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "model_memory.py"
 TINY = ["--layers", "2", "--hidden", "64", "--vocab", "1000", "--batch", "2",
@@ -24,7 +25,10 @@ def bench() -> ModuleType:
     return _load_bench()
 
 
-def test_tiny_shape_paths_agree_with_positive_peaks(bench: ModuleType, tmp_path: Path) -> None:
+def test_tiny_shape_paths_agree_with_positive_peaks(bench: ModuleType, tmp_path: Path, monkeypatch) -> None:
+    """Each path's worker (`python bench/model_memory.py --worker PATH`) is a process of its own,
+    forked from the fork server (tests/zygote.py), which has imported torch and transformers."""
+    monkeypatch.setattr(bench, "subprocess", script_subprocess)
     out = tmp_path / "result.json"
     result = bench.main([*TINY, "--json", str(out)])
 

@@ -11,8 +11,8 @@ teardown of every module, ~2 s of CPU with torch and transformers loaded, is ski
 
 What a fresh interpreter would read from the environment at import time is set again in the
 child where gspo depends on it: the environment itself, the working directory, `PYTHONPATH`
-(put on `sys.path`), `OMP_NUM_THREADS` (torch's thread count) and the random seeds of `random`
-and numpy. Async mode's generator processes, which gspo spawns as `python -c ...`, are forked
+(put on `sys.path`), `OMP_NUM_THREADS` (torch's thread count), `MALLOC_MMAP_THRESHOLD_` (glibc's,
+through mallopt) and the random seeds of `random` and numpy. Async mode's generator processes, which gspo spawns as `python -c ...`, are forked
 from their learner instead (still its children). A few commands keep real processes, so the
 path a user types is tested too: `gspo demo`, the console script, and torchrun (the README's
 and one async test).
@@ -116,6 +116,10 @@ def _child(req: dict) -> None:
         sys.path.insert(0, first)
     if env.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    if env.get("MALLOC_MMAP_THRESHOLD_", "").isdigit():  # glibc reads it at start-up; mallopt sets it now
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, int(env["MALLOC_MMAP_THRESHOLD_"]))  # M_MMAP_THRESHOLD
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
