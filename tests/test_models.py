@@ -295,6 +295,29 @@ def test_unrecognised_logit_transform_falls_back_to_naive(tok):
     torch.testing.assert_close(got, naive_token_logprobs(m, ids, mask, 7), rtol=0, atol=1e-6)
 
 
+def test_the_head_check_under_dropout_neither_fails_nor_draws_from_the_rng(tok):
+    """model.dropout=true: the trainer's forwards run in training mode with dropout on. The
+    once-per-model check of the LM head must still pass (no fallback to full logits) and must
+    not draw from the global RNG, or a resumed run (which checks one rollout later) would
+    sample differently from the run it continues."""
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=4)
+    for mod in m.modules():
+        if hasattr(mod, "attention_dropout"):
+            mod.attention_dropout = 0.5
+    m.train()
+    ids, mask = _batch(len(tok))
+    with torch.no_grad():  # dropout really acts in training mode: two forwards differ
+        assert not torch.equal(m(input_ids=ids, attention_mask=mask).logits, m(input_ids=ids, attention_mask=mask).logits)
+    from gspo.models.logprobs import _head_matches_forward, _logit_transform
+
+    before = torch.get_rng_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "falling back to full-logit log-probs"
+        assert _head_matches_forward(m, m.get_output_embeddings(), *_logit_transform(m), ids, mask)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert m.training and all(mod.training for mod in m.modules())  # each module's mode restored
+
+
 def test_softcapped_logits_match(tok):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 
 from gspo.config import ModelConfig, RolloutConfig
-from gspo.models import CACHE_KWARG, base_model, is_activation_checkpointing, position_ids_from_mask
+from gspo.models import CACHE_KWARG, base_model, eval_mode, is_activation_checkpointing, position_ids_from_mask
 from gspo.models.lm_head import head_logprobs, softmax_entropy, transform_logits
 
 # ----------------------------------------------------------------------------- hidden states
@@ -223,7 +223,10 @@ _HEAD_OK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _head_matches_forward(model, head, scale, softcap, input_ids, attention_mask) -> bool:
     """Once per model: does head(final hidden) reproduce ``model(...).logits``? Guards against
-    architectures whose forward transforms the logits in a way `_logit_transform` misses."""
+    architectures whose forward transforms the logits in a way `_logit_transform` misses.
+    The two forwards run in eval mode and on a forked RNG: with `model.dropout=true` they would
+    otherwise differ by their dropout masks, and draw from the RNG at the first trainer pass of
+    each process, so that a resumed run would part from the one it continues."""
     key = base_model(model)
     if key in _HEAD_OK:
         return _HEAD_OK[key]
@@ -231,7 +234,8 @@ def _head_matches_forward(model, head, scale, softcap, input_ids, attention_mask
     ids = input_ids[row][attention_mask[row].bool()][-16:].unsqueeze(0)  # (1, ≤16)
     mask = torch.ones_like(ids)
     pos = position_ids_from_mask(mask)
-    with torch.no_grad():
+    devices = [ids.device] if ids.device.type != "cpu" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices, device_type=ids.device.type), eval_mode(model):
         ref = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         ref = ref.logits.float()
         ours = transform_logits(head(_final_hidden(model, ids, mask, pos)).float(), scale, softcap)
