@@ -81,6 +81,33 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
         load_rows(tmp_path / "dd", split="valid")
 
 
+def test_a_built_in_tasks_held_out_split_and_what_is_said_when_it_is_short(capsys):
+    """Held-out prompts are ones training never sees; the guessing game's prompts are all alike
+    (its secret is a column), so its held-out rows are fresh games. Fewer than eval.num_prompts,
+    or none, is said at start-up."""
+    from gspo.config import load_config
+    from gspo.train.prompts import load_prompt_rows, say_held_out
+
+    cfg = load_config(None, ["data.source=arithmetic", "data.num_prompts=500", "eval.num_prompts=50"])
+    train, held = load_prompt_rows(cfg)
+    assert len(held) == 50 and not {r["prompt"] for r in held} & {r["prompt"] for r in train}
+    say_held_out(cfg, held)
+    assert capsys.readouterr().err == ""
+    cfg = load_config(None, ["data.source=guess", "data.num_prompts=200", "eval.num_prompts=40"])
+    train, held = load_prompt_rows(cfg)
+    assert len(held) == 40 and len({r["secret"] for r in held}) > 1  # every game's prompt is a training prompt
+    cfg = load_config(None, ["data.source=arithmetic", "data.num_prompts=20000", "eval.num_prompts=100"])
+    train, held = load_prompt_rows(cfg)
+    assert 0 < len(held) < 100  # the task has run out of unseen prompts at this difficulty
+    say_held_out(cfg, held)
+    assert f"{len(held)} held-out prompts, not eval.num_prompts=100: the task arithmetic has no more" in capsys.readouterr().err
+    say_held_out(load_config(None, ["data.source=rows.jsonl"]), [])
+    assert "no held-out prompts (data.source rows.jsonl has no held-out split: name one with data.eval_source)" \
+        in capsys.readouterr().err
+    say_held_out(load_config(None, ["data.source=rows.jsonl", "eval.enabled=false"]), [])
+    assert capsys.readouterr().err == ""
+
+
 def test_a_runs_held_out_rows_come_from_data_eval_split_of_a_dataset_dict(tmp_path):
     import datasets
 

@@ -86,6 +86,10 @@ def _tool_task(name: str):
 
 TASKS: dict[str, Callable[..., list[dict]]] = {"arithmetic": arithmetic, "sorting": sorting,
                                                "multiply": _tool_task("multiply"), "guess": _tool_task("guess")}
+# Tasks whose prompt does not tell one row from another (guess: every game's prompt is the same,
+# its secret a column): a prompt cannot leak what a row asks, so their held-out rows are fresh
+# draws, not rows whose prompt training never saw (there are none).
+SAME_PROMPT_TASKS = frozenset({"guess"})
 
 
 def make_task(name: str, n: int, seed: int, difficulty: int = DataConfig.difficulty) -> list[dict]:

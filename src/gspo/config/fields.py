@@ -259,7 +259,8 @@ class ScheduleConfig:
 @dataclass
 class EvalConfig:
     every: int = doc(0, "evaluate on held-out prompts every N rollouts (0 = only at start and end)")
-    num_prompts: int = doc(100, "held-out prompts per evaluation (a built-in task's held-out split has this many; "
+    num_prompts: int = doc(100, "held-out prompts per evaluation (a built-in task's held-out split has this many, fewer where "
+                           "it runs out of prompts training does not see, which is said; "
                            "data.eval_source is cut to it)")
     pass_k: int = doc(0, "also sample k completions per prompt and report pass@k (0 = off)")
     enabled: bool = doc(True, "evaluate at all")

@@ -10,18 +10,21 @@ import sys
 
 from gspo.config import Config
 from gspo.data import DataError, filter_long_prompts, load_rows
-from gspo.tasks import TASKS, make_task
+from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
 
 
 def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
-    """Training and held-out rows. Built-in tasks get a held-out split disjoint from training."""
+    """Training and held-out rows. A built-in task's held-out split has up to eval.num_prompts
+    rows whose prompts training never sees (fewer where the task runs out of them: `say_held_out`
+    tells), or fresh draws for a task whose prompts are all alike (`SAME_PROMPT_TASKS`)."""
     d = cfg.data
     if d.source in TASKS:
         train = make_task(d.source, d.num_prompts, seed=cfg.seed, difficulty=d.difficulty)
-        seen = {r["prompt"] for r in train}
         n_held = cfg.eval.num_prompts
-        held = [r for r in make_task(d.source, n_held * 3, seed=cfg.seed + 1_000_003,
-                                     difficulty=d.difficulty) if r["prompt"] not in seen]
+        held = make_task(d.source, n_held * 3, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
+        if d.source not in SAME_PROMPT_TASKS:
+            seen = {r["prompt"] for r in train}
+            held = [r for r in held if r["prompt"] not in seen]
         held = held[:n_held]
     else:
         train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)
@@ -31,6 +34,26 @@ def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
                 if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split))
         held = held[: cfg.eval.num_prompts]
     return train, held
+
+
+def say_held_out(cfg: Config, held: list[dict]) -> None:
+    """With evaluation on, say where it will have fewer held-out prompts than eval.num_prompts
+    (none at all: the run logs no eval/ metrics)."""
+    if not cfg.eval.enabled or len(held) >= cfg.eval.num_prompts:
+        return
+    d = cfg.data
+    if not held:
+        why = (f"data.source {d.source} has no held-out split: name one with data.eval_source"
+               if d.source not in TASKS or d.eval_source else
+               f"the task {d.source} has no prompt left that training does not see")
+        print(f"warning: no held-out prompts ({why}); the run logs no eval/ metrics", file=sys.stderr)
+    elif not d.eval_source and d.source in TASKS:
+        print(f"warning: {len(held)} held-out prompts, not eval.num_prompts={cfg.eval.num_prompts}: the task "
+              f"{d.source} has no more that training does not see (data.num_prompts={d.num_prompts}, "
+              f"data.difficulty={d.difficulty})", file=sys.stderr)
+    else:
+        print(f"warning: {len(held)} held-out prompts, fewer than eval.num_prompts={cfg.eval.num_prompts}",
+              file=sys.stderr)
 
 
 def enough_rows(cfg: Config, n: int, which: str = "") -> None:

@@ -23,7 +23,7 @@ from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import records_routes
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
-from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows
+from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, say_held_out
 from gspo.train.resume import resume_point
 from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
                          set_trainer_mode, use_cpu_gqa_attention)
@@ -359,6 +359,7 @@ def build_run(cfg: Config) -> Run:
     eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens, schemas) if eval_rows else ([], 0)
     enough_rows(cfg, len(rows), f" of {cfg.data.max_prompt_tokens} tokens or fewer (data.max_prompt_tokens)")
     if d.is_main:
+        say_held_out(cfg, eval_rows)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
     prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
