@@ -267,3 +267,29 @@ def test_greedy_evaluation_is_the_argmax_whatever_the_checkpoint_ships(saved):
             want.append(tok.decode(out, skip_special_tokens=True))
     assert greedy_completions(model, tok, prompts, max_new_tokens=n) == want
     assert model.generation_config.repetition_penalty == 100.0  # the checkpoint's own, set back
+
+
+@pytest.mark.parametrize("extra", [["lora.enabled=true"], ["algo.kl_coef=0.01"]])
+def test_a_resume_on_base_weights_other_than_the_runs_is_refused(tmp_path, extra, capsys):
+    """LoRA checkpoints hold the adapters only, and the KL reference is the starting weights: a
+    base folder rewritten since the run began (same shapes, other weights) is one error naming
+    model.name_or_path; the same weights saved again (in bf16 as well) resume."""
+    from gspo.models import weights_fingerprint
+
+    base = artifacts.save_model(tmp_path / "base", "qwen3", seed=0)
+    run = train(base, tmp_path, *extra)
+    artifacts.save_model(tmp_path / "base", "qwen3", seed=1)
+    capsys.readouterr()
+    args = ["train", f"model.name_or_path={base}", *RUN, REWARDS, f"output.dir={tmp_path}", "output.name=x", *extra,
+            "schedule.rollouts=2", "resume=auto"]
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert "config field 'model.name_or_path'" in err and "not the ones this run started from" in err
+    artifacts.save_model(tmp_path / "base", "qwen3", seed=0)
+    assert main(args) == 0 and (run / "checkpoints" / "step-4").is_dir()
+    m = AutoModelForCausalLM.from_pretrained(base)
+    fp32 = weights_fingerprint(m.parameters())
+    assert weights_fingerprint(m.to(torch.bfloat16).parameters()) == fp32  # a bf16 load of the same weights
+    with torch.no_grad():
+        next(m.parameters())[0, 0] += 1.0
+    assert weights_fingerprint(m.parameters()) != fp32

@@ -5,6 +5,7 @@ log-probabilities are computed in `gspo.models.logprobs`."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -331,3 +332,17 @@ def is_activation_checkpointing(model) -> bool:
     its activations in the backward pass."""
     name = "is_activation_checkpointing" if _ACTIVATION_CHECKPOINTING else "is_gradient_checkpointing"
     return bool(getattr(base_model(model), name, False))
+
+
+def weights_fingerprint(tensors) -> str:
+    """A short hash of some weights, from up to 4096 evenly spaced values of each tensor, rounded
+    to bf16 (so that the same checkpoint loaded in fp32 or bf16 gives the same hash): what a
+    resumed run checks the weights its checkpoints do not hold against (LoRA's base, the KL
+    reference)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096]
+        h.update(str(tuple(t.shape)).encode())
+        h.update(sample.to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -26,7 +26,7 @@ from gspo.train.distributed import Dist
 from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, say_held_out
 from gspo.train.resume import resume_point
 from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
-                         set_trainer_mode, use_cpu_gqa_attention)
+                         set_trainer_mode, use_cpu_gqa_attention, weights_fingerprint)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
@@ -190,6 +190,7 @@ class Run:
     remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
     tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
     reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (needs_reference)
+    base_weights: str = ""            # `base_weights_fingerprint`: the starting weights checkpoints do not hold
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
 
@@ -387,6 +388,7 @@ def build_run(cfg: Config) -> Run:
                              autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
                              share_min_work=cfg.model.share_prompt_min_work)
 
+    base_weights = base_weights_fingerprint(cfg, model)  # before any checkpoint is loaded into it
     frozen = frozen_copy(model) if needs_reference(cfg) and not cfg.lora.enabled else None  # before sharding
     trainer = distributed.wrap_for_training(logprob_module(model), model, d, mixed_precision=cfg.model.mixed_precision,
                                             reshard_after_forward=cfg.distributed.reshard_after_forward)
@@ -417,7 +419,7 @@ def build_run(cfg: Config) -> Run:
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
-               resume_from=resume_from, remote=remote, reference=reference,
+               resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights,
                tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
 
 
@@ -432,6 +434,25 @@ def param_groups(cfg: Config, trainer, params: list) -> list[dict]:
     if not routers:
         raise ConfigError("config field 'optim.router_lr_scale': the model has no trainable MoE router weights")
     return [{"params": [p for p in params if id(p) not in ids]}, {"params": routers, "lr": cfg.optim.lr * scale}]
+
+
+def base_weights_fingerprint(cfg: Config, model) -> str:
+    """`weights_fingerprint` of the weights at model.name_or_path where a run's checkpoints do not
+    hold them: LoRA's frozen base, and the KL reference (the starting weights); "" otherwise.
+    A resumed run whose base has changed since (a folder rewritten by another run) is refused."""
+    if not (cfg.lora.enabled or needs_reference(cfg)):
+        return ""
+    return weights_fingerprint(p for p in model.parameters() if not (cfg.lora.enabled and p.requires_grad))
+
+
+def check_base_weights(cfg: Config, saved: str, now: str) -> None:
+    """One error where the weights at model.name_or_path are not the ones the resumed run started from."""
+    if saved and now and saved != now:
+        raise ConfigError(f"config field 'model.name_or_path': the weights at {cfg.model.name_or_path} are not the "
+                          f"ones this run started from, which its checkpoints do not hold ("
+                          + ("LoRA adapters train on them" if cfg.lora.enabled else "the KL reference is them")
+                          + f"; fingerprint {now}, the run's {saved}); resume with the model it started from, or "
+                          f"start a new run")
 
 
 def needs_reference(cfg: Config) -> bool:
