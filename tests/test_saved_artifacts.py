@@ -110,11 +110,26 @@ def test_a_lora_run_with_evaluation_keeps_the_checkpoints_generation_config(save
 
     step = next((run_dir / "checkpoints").glob("step-*"))
     for path, says in [(run_dir, f"is a gspo run directory, not a model folder; its model is {run_dir / 'final'}"),
-                       (step, "is a gspo training checkpoint, not a model folder"),
-                       (run_dir / "final" / "adapter", f"is a LoRA adapter; the merged model is the folder above it "
-                                                        f"({run_dir / 'final'})")]:
+                       (step, "is a gspo training checkpoint, not a model folder")]:
         with pytest.raises(ModelError, match=re.escape(says)):
             load_policy(path, device="cpu")
+    # the adapters alone (final/adapter; final/ itself with lora.merge_final=false) load onto the
+    # base their adapter_config.json names, merged: the weights of the merged final/
+    merged, _ = load_policy(run_dir / "final", device="cpu")
+    got, tok = load_policy(run_dir / "final" / "adapter", device="cpu")
+    want = merged.state_dict()
+    assert type(got) is type(merged) and got.state_dict().keys() == want.keys()
+    assert max((v - want[k]).abs().max().item() for k, v in got.state_dict().items()) < 1e-6
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    cfg = json.loads((run_dir / "final" / "adapter" / "adapter_config.json").read_text())
+    assert max((merged.state_dict()[k] - v).abs().max().item()  # the adapters did move the base
+               for k, v in AutoModelForCausalLM.from_pretrained(cfg["base_model_name_or_path"]).state_dict().items()) > 0
+    (run_dir / "final" / "adapter" / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": None}))
+    with pytest.raises(ModelError, match="names no base model"):
+        load_policy(run_dir / "final" / "adapter", device="cpu")
+    (run_dir / "final" / "adapter" / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": str(tmp_path / "gone")}))
+    with pytest.raises(ModelError, match="is a LoRA adapter on the base model .*gone.*, which did not load"):
+        load_policy(run_dir / "final" / "adapter", device="cpu")
 
 
 TEMPLATE_START = {"llama": "<s>[INST] ", "mistral": "<s>[INST] ", "gemma2": "<bos><start_of_turn>user\n",

@@ -72,7 +72,8 @@ class LoraConfig:
     alpha: float = doc(32.0, "LoRA alpha (the update is scaled by alpha / r)")
     dropout: float = doc(0.0, "dropout on the adapters' input; acts only with model.dropout=true")
     target_modules: List[str] = doc(["all-linear"], "modules to adapt: names like q_proj, or all-linear (every linear layer but the head)")
-    merge_final: bool = doc(True, "final/ holds the merged model (the adapters alone go to final/adapter)")
+    merge_final: bool = doc(True, "final/ holds the merged model (the adapters alone go to final/adapter); false: "
+                            "the adapters alone, which gspo eval and gspo train load onto their base")
 
 
 @dataclass

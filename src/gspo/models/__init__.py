@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import time
@@ -66,9 +67,7 @@ def _check_source(name_or_path: str) -> None:
             raise ModelError(f"model path {name_or_path!r} is a gspo training checkpoint, not a model folder; the "
                              f"model of a run is its final/ (a stopped run writes it when resumed to its end)")
         if (d / "adapter_config.json").is_file():
-            raise ModelError(f"model path {name_or_path!r} is a LoRA adapter; the merged model is the folder "
-                             f"above it ({d.parent})" if d.name == "adapter" else
-                             f"model path {name_or_path!r} is a LoRA adapter, not a whole model")
+            return  # a LoRA adapter: `load_policy` loads its base and merges it in
         raise ModelError(f"model path {name_or_path!r} has no config.json: not a model folder "
                          f"(save_pretrained writes one)")
     if os.path.exists(name_or_path):
@@ -110,6 +109,8 @@ def load_policy(
     if name.startswith("~"):
         name = os.path.expanduser(name)
     _check_source(name)
+    if not os.path.isfile(os.path.join(name, "config.json")) and os.path.isfile(os.path.join(name, "adapter_config.json")):
+        return _load_adapter(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     torch_dtype = _resolve_dtype(dtype)
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
@@ -121,7 +122,12 @@ def load_policy(
         hint = " (HF_HUB_OFFLINE is set and no cached copy was found)" if offline else ""
         raise ModelError(f"could not load model {name!r}{hint}: {e}") from e
     model.to(resolve_device(device))
+    return model, _ready_tokenizer(tokenizer, model, name)
 
+
+def _ready_tokenizer(tokenizer, model, name: str):
+    """The pad token (the EOS where there is none), left padding, and the pad id in the model's
+    generation config where it lacks one (`load_policy`'s tokenizer decisions)."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"tokenizer of {name!r} has neither a pad nor an eos token")
@@ -130,6 +136,36 @@ def load_policy(
     gen = getattr(model, "generation_config", None)
     if gen is not None and gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
+    return tokenizer
+
+
+def _load_adapter(path: str, **load):
+    """A LoRA adapter folder (a run's final/ with lora.merge_final=false, or final/adapter): the
+    base model its adapter_config.json names (base_model_name_or_path), loaded as `load_policy`
+    loads any model, with the adapter merged in; the tokenizer is the adapter folder's where it
+    has one (gspo writes it there), else the base's."""
+    base = json.loads(Path(path, "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ModelError(f"model path {path!r} is a LoRA adapter whose adapter_config.json names no base model "
+                         f"(base_model_name_or_path; a run of the built-in tiny model has none): train with "
+                         f"lora.merge_final=true for a whole model in final/")
+    try:
+        import peft
+    except ImportError:
+        raise ModelError(f"model path {path!r} is a LoRA adapter: loading it onto its base needs peft "
+                         f"(pip install 'gspo[lora]')") from None
+    try:
+        model, tokenizer = load_policy(base, **load)
+    except ModelError as e:
+        raise ModelError(f"model path {path!r} is a LoRA adapter on the base model {base!r}, which did not "
+                         f"load: {e}") from None
+    model = peft.PeftModel.from_pretrained(model, path).merge_and_unload()
+    if any(Path(path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = _ready_tokenizer(AutoTokenizer.from_pretrained(path, trust_remote_code=load["trust_remote_code"]),
+                                     model, path)
+    model.eval()
     return model, tokenizer
 
 
