@@ -293,10 +293,13 @@ def test_sampler_resume_equals_uninterrupted(stop):
 
 def test_sampler_load_state_rejects_other_settings():
     state = PromptStream(ROWS100, 8, seed=7).state_dict()
-    with pytest.raises(DataError, match="batch_size"):
+    with pytest.raises(DataError, match="config field 'rollout.prompts_per_step': .*batch_size=8, this run batch_size=4"):
         PromptStream(ROWS100, 4, seed=7).load_state_dict(state)
-    with pytest.raises(DataError, match="num_rows"):
+    with pytest.raises(DataError, match="config field 'data.source': the resumed run's prompt stream draws from 100 "
+                                       "prompts, this data has 50"):
         PromptStream(ROWS100[:50], 8, seed=7).load_state_dict(state)
+    with pytest.raises(DataError, match="^the resumed run's prompt stream was split over 1 processes, this run has 2"):
+        PromptStream(ROWS100, 8, seed=7, rank=1, world_size=2).load_state_dict(state)
 
 
 def test_sampler_ranks_disjoint_and_cover_global_batch():

@@ -416,12 +416,16 @@ class PromptStream:
         """Restore a position from `state_dict()`. DataError if the dataset size, seed, batch
         size, world size or shuffle setting differ from the saved run's."""
         mine = self.state_dict()
-        for key in ("num_rows", "seed", "batch_size", "world_size", "shuffle"):
+        for key, where in (("num_rows", "config field 'data.source': "), ("seed", "config field 'seed': "),
+                           ("batch_size", "config field 'rollout.prompts_per_step': "), ("world_size", ""),
+                           ("shuffle", "config field 'data.shuffle': ")):
             if key in state and int(state[key]) != mine[key]:
-                raise DataError(
-                    f"PromptStream.load_state_dict: saved {key}={state[key]} but this stream has "
-                    f"{key}={mine[key]}; an exact resume needs the same data and settings"
-                )
+                what = {"num_rows": f"draws from {state[key]} prompts, this data has {mine[key]} (after "
+                                    f"data.num_prompts and data.max_prompt_tokens)",
+                        "world_size": f"was split over {state[key]} processes, this run has {mine[key]}"}.get(
+                    key, f"has {key}={state[key]}, this run {key}={mine[key]}")
+                raise DataError(f"{where}the resumed run's prompt stream {what}; an exact resume needs the data "
+                                f"and settings the run began with (or start a new run)")
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self.rows):
             raise DataError(f"PromptStream.load_state_dict: bad epoch/position {epoch}/{position}")
