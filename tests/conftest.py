@@ -9,6 +9,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under `-n` without a --dist of one's own (the README's `python -m pytest -n 2`), xdist's
+    loadscope: a module's tests go to one worker, a module at a time to whichever worker is free
+    (the modules with the most tests first), so a module-scoped fixture (one trained run that
+    several tests read) is built once, not on both workers, and the two workers end together.
+    Here, not in addopts: pytest without xdist (bench/vllm_cpu.sh's venv) would refuse a --dist
+    option."""
+    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    if getattr(config.option, "dist", None) == "load" and not any(str(a).startswith(("--dist", "-d")) for a in given):
+        config.option.dist = "loadscope"
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -17,21 +29,6 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Under `-n` without a --dist of one's own (the README's `python -m pytest -n 2`), work
-    stealing: a worker that runs out of tests takes half of the other's queue, so the two end
-    together; xdist's default (load) hands out chunks in file order and can leave one worker
-    alone with the last slow tests. Here, not in addopts: pytest without xdist (bench/vllm_cpu.sh's
-    venv) would refuse a --dist option."""
-    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
-    if config.getvalue("dist") != "load" or any(str(a).startswith(("--dist", "-d")) for a in given):
-        return None
-    from xdist.scheduler import WorkStealingScheduling
-
-    return WorkStealingScheduling(config, log)
 
 
 # ----------------------------------------------------------------------------- deprecations caused by gspo
