@@ -12,10 +12,10 @@ teardown of every module, ~2 s of CPU with torch and transformers loaded, is ski
 What a fresh interpreter would read from the environment at import time is set again in the
 child where gspo depends on it: the environment itself, the working directory, `PYTHONPATH`
 (put on `sys.path`), `OMP_NUM_THREADS` (torch's thread count), `MALLOC_MMAP_THRESHOLD_` (glibc's,
-through mallopt) and the random seeds of `random` and numpy. Async mode's generator processes, which gspo spawns as `python -c ...`, are forked
-from their learner instead (still its children). A few commands keep real processes, so the
-path a user types is tested too: `gspo demo`, the console script, and torchrun (the README's
-and one async test).
+through mallopt) and the random seeds of `random` and numpy. Async mode's generator processes,
+which gspo spawns as `python -c ...`, are forked from their learner instead (still its
+children). A few commands keep real processes, so the path a user types is tested too: `gspo
+demo`, the console script, and torchrun (the README's and one async test).
 
     p = gspo(["train", "k=v", ...], env=env)              # like subprocess.run(capture_output=True)
     h = gspo_popen(["train", ...], env=env); h.kill()     # like subprocess.Popen
