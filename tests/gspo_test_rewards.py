@@ -40,14 +40,12 @@ def count_ones_until_told(prompts, completions, **kwargs):
     GSPO_TEST_RAISE_RANK set, only that rank raises."""
     import os
 
-    flag = os.environ.get("GSPO_TEST_RAISE_FILE")
     calls = os.environ.get("GSPO_TEST_CALLS_FILE")
     rank = os.environ.get("RANK", "")
     if calls:
         calls += rank
         n = int(open(calls).read() or 0) + 1 if os.path.exists(calls) else 1
         open(calls, "w").write(str(n))
-        if flag and n == int(os.environ.get("GSPO_TEST_RAISE_AT", "0")) \
-                and os.environ.get("GSPO_TEST_RAISE_RANK", rank) == rank:
+        if n == int(os.environ.get("GSPO_TEST_RAISE_AT", "0")) and os.environ.get("GSPO_TEST_RAISE_RANK", rank) == rank:
             raise RuntimeError("the reward service is down")
     return count_ones(prompts, completions)

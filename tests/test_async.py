@@ -20,7 +20,8 @@ from gspo.config import ConfigError, load_config
 from gspo.rollout import Rollout
 from gspo.train import async_job, async_mode, async_wire
 from gspo.train.checkpoint import find_resume_checkpoint, verify_checkpoint
-from test_resume import TINY, _env, gspo_train, metrics_without_timings
+from test_resume import (FAILING_REWARD, TINY, _env, as_count_ones, failing_reward_env, gspo_train,
+                         metrics_without_timings)
 from zygote import gspo, gspo_popen, gspo_torchrun
 
 ASYNC = ["rollout.mode=async"]
@@ -99,10 +100,8 @@ def test_a_reward_that_raises_keeps_the_rollouts_in_flight_and_resume_is_exact(r
     """No checkpoint is due when the reward raises on rollout 3 (K = 2): the state after rollout 2
     is saved with rollouts 3 and 4, both sampled by older weights, and resume=auto trains what
     the uninterrupted run trains, bitwise."""
-    reward = "rewards.functions=[{name: 'gspo_test_rewards:count_ones_until_told'}]"
-    env = {**_env(), "GSPO_TEST_CALLS_FILE": str(tmp_path / "calls"), "GSPO_TEST_RAISE_FILE": "1",
-           "GSPO_TEST_RAISE_AT": "4"}  # the learner scores: call 1 is the evaluation at the start
-    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", reward,
+    env = failing_reward_env(_env(), tmp_path, 4)  # the learner scores: call 1 is the evaluation at the start
+    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", FAILING_REWARD,
               *ASYNC, "rollout.max_staleness=2"]
     p = gspo(common, env=env, timeout=300)
     assert p.returncode != 0 and "the reward service is down" in p.stderr
@@ -113,9 +112,7 @@ def test_a_reward_that_raises_keeps_the_rollouts_in_flight_and_resume_is_exact(r
     p = gspo([*common, "resume=auto"], env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert_same_params(runs / "k2", tmp_path / "run")
-    renamed = [{k.replace("count_ones_until_told", "count_ones"): v for k, v in r.items()}  # the reward's own name
-               for r in comparable(tmp_path / "run")]
-    assert renamed == comparable(runs / "k2")
+    assert as_count_ones(comparable(tmp_path / "run")) == comparable(runs / "k2")
 
 
 def _gone(pid: int) -> bool:

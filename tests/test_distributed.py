@@ -156,10 +156,10 @@ def test_a_reward_that_raises_on_one_rank_stops_both_after_saving_and_resume_is_
     """Under torchrun the reward raises on rank 1 alone, while rollout 3 is scored and no
     checkpoint is due: both ranks learn of it, save their parts of the state after rollout 2 and
     stop; resume=auto on 2 ranks then trains what the uninterrupted 2-rank run trains, bitwise."""
-    reward = "rewards.functions=[{name: 'gspo_test_rewards:count_ones_until_told'}]"
-    env = {**_env(), "GSPO_TEST_CALLS_FILE": str(tmp_path / "calls-rank"), "GSPO_TEST_RAISE_FILE": "1",
-           "GSPO_TEST_RAISE_AT": "3", "GSPO_TEST_RAISE_RANK": "1"}  # rank 1 runs no evaluation
-    args = ["train", *RUN, f"output.dir={tmp_path}", "output.name=res", "checkpoint.every=0", reward]
+    from test_resume import FAILING_REWARD, as_count_ones, failing_reward_env
+
+    env = failing_reward_env(_env(), tmp_path, 3, rank=1)  # rank 1 runs no evaluation
+    args = ["train", *RUN, f"output.dir={tmp_path}", "output.name=res", "checkpoint.every=0", FAILING_REWARD]
     p = gspo_torchrun(2, args, env=env, timeout=600)
     assert p.returncode != 0 and "the reward service is down" in p.stderr
     assert "another process failed while rollout 3 was produced" in p.stderr  # rank 0's own stop
@@ -170,9 +170,7 @@ def test_a_reward_that_raises_on_one_rank_stops_both_after_saving_and_resume_is_
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     fsdp = runs("fsdp")
     assert max_diff(final(tmp_path / "res"), final(fsdp)) == 0.0
-    renamed = [{k.replace("count_ones_until_told", "count_ones"): v for k, v in r.items()}  # the reward's own name
-               for r in metrics(tmp_path / "res")]
-    assert renamed == metrics(fsdp)
+    assert as_count_ones(metrics(tmp_path / "res")) == metrics(fsdp)
 
 
 def test_sharded_checkpoint_refuses_a_single_process(runs, tmp_path):

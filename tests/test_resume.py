@@ -175,14 +175,27 @@ def test_a_finished_run_given_more_rollouts_trains_on_to_what_a_straight_run_tra
     assert sampled_prompts(run) == sampled_prompts(straight)
 
 
+FAILING_REWARD = "rewards.functions=[{name: 'gspo_test_rewards:count_ones_until_told'}]"
+
+
+def failing_reward_env(env: dict, tmp_path: Path, at: int, rank: int | None = None) -> dict:
+    """`env` for FAILING_REWARD: count_ones, except that its call number `at` raises (on `rank`
+    alone under torchrun)."""
+    return {**env, "GSPO_TEST_CALLS_FILE": str(tmp_path / "calls"), "GSPO_TEST_RAISE_AT": str(at),
+            **({"GSPO_TEST_RAISE_RANK": str(rank)} if rank is not None else {})}
+
+
+def as_count_ones(records: list[dict]) -> list[dict]:
+    """Metric records of a FAILING_REWARD run under count_ones' names, to compare with a run of it."""
+    return [{k.replace("count_ones_until_told", "count_ones"): v for k, v in r.items()} for r in records]
+
+
 def test_a_reward_that_raises_keeps_the_rollouts_before_it_and_resume_is_exact(tmp_path, straight):
     """No checkpoint is due (checkpoint.every=0) when the reward raises while rollout 3 is scored:
     the state after rollout 2 is saved before the run stops, and resume=auto then trains to what
     the uninterrupted run trains, bitwise."""
-    reward = "rewards.functions=[{name: 'gspo_test_rewards:count_ones_until_told'}]"
-    env = {**_env(), "GSPO_TEST_CALLS_FILE": str(tmp_path / "calls"), "GSPO_TEST_RAISE_FILE": "1",
-           "GSPO_TEST_RAISE_AT": "4"}  # call 1 is the evaluation at the start
-    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", reward]
+    env = failing_reward_env(_env(), tmp_path, 4)  # call 1 is the evaluation at the start
+    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", FAILING_REWARD]
     p = gspo(common, env=env, timeout=300)
     assert p.returncode != 0 and "the reward service is down" in p.stderr
     assert "saved the state after rollout 2" in p.stderr
