@@ -24,6 +24,22 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def test_rollout_metrics_are_the_rollouts_on_every_step_when_rows_are_left_out(tmp_path):
+    """A random model scores 0 everywhere: every advantage is 0 and (skip_zero_advantage, the
+    default) no row runs in the update. completion/len_mean is still the rollout's mean length on
+    every step, not the mean over the rows that ran (none); with logging.kl_reference no row is
+    left out, so kl/ref is measured on every step."""
+    rc, run_dir = run(tmp_path, "logging.kl_reference=true")
+    assert rc == 0
+    steps = [r for r in records(run_dir) if r["step"] > 0]
+    assert all(r["adv/frac_zero_std"] == 1.0 for r in steps)  # no signal anywhere
+    by_rollout = {}
+    for r in steps:
+        by_rollout.setdefault(r["rollout"], set()).add(r["completion/len_mean"])
+    assert all(len(v) == 1 and None not in v and 0 < next(iter(v)) <= 4 for v in by_rollout.values())
+    assert all(r["kl/ref"] is not None for r in steps) and steps[0]["kl/ref"] == 0.0
+
+
 def test_train_cli_end_to_end(tmp_path):
     # a random model scores 0 everywhere: every advantage is 0, so make the rows run anyway
     rc, run_dir = run(tmp_path, "schedule.skip_zero_advantage=false")

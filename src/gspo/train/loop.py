@@ -119,11 +119,14 @@ def live_rows(run: Run, adv: torch.Tensor) -> torch.Tensor | None:
     adds exactly 0 to the loss and to its gradient at every level and aggregation (the loss has
     no other term); it still counts in the minibatch's size and token count, so the other rows'
     weights do not change. Not with Routing Replay, which needs π_old's routes of any row a
-    process runs (under torchrun a process with no such row runs one at weight 0)."""
+    process runs (under torchrun a process with no such row runs one at weight 0), nor with
+    logging.kl_reference, whose kl/ref is over every row of every step."""
     a = run.cfg.algo
     if not run.cfg.schedule.skip_zero_advantage or (run.routes is not None and a.routing_replay):
         return None
     if a.kl_coef > 0 or a.entropy_coef > 0 or a.router_aux_loss_coef > 0:  # terms that give every row a gradient
+        return None
+    if run.cfg.logging.kl_reference:  # kl/ref is logged every step, over every row
         return None
     return (adv != 0).cpu()
 

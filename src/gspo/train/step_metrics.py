@@ -118,6 +118,11 @@ def episode_text(messages: list[dict]) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
+# the rollout's own value of these is logged, not the step's (policy_loss measures them over the
+# minibatch's rows that ran, which leaves out rows with advantage 0 and varies from step to step)
+ROLLOUT_WIDE = ("completion/len_mean",)
+
+
 def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerState, scored: ScoredRollout,
              steps: list[dict], info: dict, eval_metrics: dict) -> None:
     """One line per optimizer step in metrics.jsonl (and the trackers): the rollout's metrics,
@@ -130,7 +135,7 @@ def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerStat
                    "rollout": state.rollout, "tokens_per_s": n_tokens / info["time/step"]})
     first = state.step - len(steps) + 1
     for i, m in enumerate(steps):
-        rec = {"step": first + i, **common, **m}
+        rec = {"step": first + i, **common, **{k: v for k, v in m.items() if k not in ROLLOUT_WIDE}}
         if i == len(steps) - 1:
             rec.update(eval_metrics)
         if sinks:
