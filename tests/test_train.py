@@ -125,12 +125,14 @@ def test_help_lists_every_field(capsys):
     ("rollout.group_size=1", "rollout.group_size"),
     ("schedule.num_minibatches=5", "schedule.num_minibatches"),
     ("schedule.micro_batch_size=64", "schedule.micro_batch_size"),
-    ("algo.eps_low=-1", "algo"),
-    ("algo.level=banana", "algo"),
+    ("algo.eps_low=-1", "config field 'algo.eps_low'"),
+    ("algo.level=banana", "config field 'algo.level': 'banana' is not sequence | sequence_token | token"),
+    ("algo.sapo_tau_pos=2", "config field 'algo.sapo_tau_pos'"),  # SAPO's, with objective=clip: not silently ignored
     ("algo.aggregation=token-mean", "algo"),     # length weighting at sequence level
     ("nonsense.key=1", "nonsense"),
     ("rollout.group_size=abc", "rollout.group_size"),
     ("rewards.functions=[{name: code_tests}]", "rewards.allow_code_execution"),  # opt-in only
+    ("rewards.functions=[{name: 'gspo.rewards.sandbox:code_tests_reward'}]", "rewards.allow_code_execution"),  # by path
     ("algo.eps_low=5e-4", "algo.eps_low"),        # above eps_high's default 4e-4: out of order
     ("rewards.functions.0.name=exact_answer", "rewards.functions=[{name: exact_answer}]"),  # a list by index
     ("optim.lr=inf", "optim.lr"),                 # would train to a non-finite model
@@ -389,3 +391,11 @@ def test_default_dense_run_uses_sampler_logp_and_monitors_the_gap(tmp_path):
     assert rc == 0
     for rec in records(run_dir):
         assert rec["mismatch/token_abs_max"] < 1e-5  # same weights, same precision: rounding only
+
+
+def test_the_code_execution_opt_in_reaches_code_tests_by_either_name():
+    from gspo.train.run import reward_specs
+
+    for name in ("code_tests", "gspo.rewards.sandbox:code_tests_reward"):
+        cfg = load_config(None, [f"rewards.functions=[{{name: '{name}'}}]", "rewards.allow_code_execution=true"])
+        assert reward_specs(cfg)[0].kwargs["allow_code_execution"] is True

@@ -73,8 +73,10 @@ def validate_algo(level: str, eps_low: float | None, eps_high: float | None, agg
                 raise ValueError(f"{name} is only used by objective='sapo', but objective is {objective!r}")
         if objective == "gmpo":
             eps_low = _check_number("eps_low", eps_low, low=0.0, allow_inf=True)
-        elif objective == "cispo":
-            eps_low = _check_number("eps_low", eps_low, low=0.0, high=math.nextafter(1.0, 2.0))
+        elif objective == "cispo":  # a weight's floor of 1 - eps_low: 0 at most, never negative
+            eps_low = _check_number("eps_low", eps_low, low=0.0)
+            if eps_low > 1.0:
+                raise ValueError(f"eps_low must be in [0.0, 1.0] with objective='cispo', got {eps_low!r}")
         else:
             eps_low = _check_number("eps_low", eps_low, low=0.0, high=1.0)
         eps_high = _check_number("eps_high", eps_high, low=0.0, allow_inf=True)

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import math
 
-from gspo.config.fields import OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, Config, ConfigError
+from gspo.config.fields import OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, AlgoConfig, Config, ConfigError
+
+
+def runs_model_code(reward_name: str) -> bool:
+    """The code_tests reward, by its built-in name or its import path: it runs model-written code,
+    so it needs rewards.allow_code_execution."""
+    return reward_name.replace(" ", "") in ("code_tests", "gspo.rewards.sandbox:code_tests_reward")
 
 # ---------------------------------------------------------------- validation
 
@@ -127,9 +133,14 @@ def validate(cfg: Config) -> None:
     _check(a.adv_scale in ("group", "none"), "algo.adv_scale", f"'{a.adv_scale}' is not group | none")
     _check(a.max_log_ratio > 0, "algo.max_log_ratio", "must be > 0")
     _check(a.objective in algo.OBJECTIVES, "algo.objective", f"'{a.objective}' is not {' | '.join(algo.OBJECTIVES)}")
-    _check(a.level in algo.OBJECTIVE_LEVELS[a.objective], "algo.level",
-           f"objective={a.objective} is defined at level={algo.OBJECTIVE_LEVELS[a.objective][0]} (its paper's ratio), "
-           f"not level={a.level}")
+    levels = algo.OBJECTIVE_LEVELS[a.objective]
+    _check(a.level in levels, "algo.level",
+           f"'{a.level}' is not {' | '.join(levels)}" if len(levels) > 1 else
+           f"objective={a.objective} is defined at level={levels[0]} (its paper's ratio), not level={a.level}")
+    defaults = (AlgoConfig.sapo_tau_pos, AlgoConfig.sapo_tau_neg)
+    _check(a.objective == "sapo" or (a.sapo_tau_pos, a.sapo_tau_neg) == defaults, "algo.sapo_tau_pos",
+           f"algo.sapo_tau_pos / sapo_tau_neg are SAPO's gate temperatures, not used by objective={a.objective}: "
+           f"leave them unset, or set algo.objective=sapo")
     if a.objective == "sapo":
         for name in ("eps_low", "eps_high"):
             _check(getattr(a, name) is None, f"algo.{name}", "is not used by objective=sapo (a soft gate, no clip "
@@ -137,8 +148,11 @@ def validate(cfg: Config) -> None:
     try:
         fill_clip(cfg)
         lo, hi, a.aggregation = algo.validate_algo(**objective_args(cfg))
-    except ValueError as e:
-        raise ConfigError(f"config field 'algo': {e}") from None
+    except ValueError as e:  # its message starts with the argument's name: name the field it comes from
+        field = {"eps_low": "algo.eps_low", "eps_high": "algo.eps_high", "aggregation": "algo.aggregation",
+                 "tau_pos": "algo.sapo_tau_pos", "tau_neg": "algo.sapo_tau_neg",
+                 "max_log_ratio": "algo.max_log_ratio"}.get(str(e).split(" ", 1)[0], "algo")
+        raise ConfigError(f"config field '{field}': {e}") from None
     _check(lo is None or a.objective in ("cispo", "gmpo") or lo <= hi, "algo.eps_low",
            f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, 3e-4/4e-4 and 0.2/0.27, "
            "widen the upper side)")
@@ -155,8 +169,11 @@ def validate(cfg: Config) -> None:
     try:
         method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
         algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
-    except ValueError as e:
-        raise ConfigError(f"config field 'algo': {e}") from None
+    except ValueError as e:  # its message starts with the argument's name: name the field it comes from
+        field = {"eps_low": "algo.eps_low", "eps_high": "algo.eps_high", "aggregation": "algo.aggregation",
+                 "tau_pos": "algo.sapo_tau_pos", "tau_neg": "algo.sapo_tau_neg",
+                 "max_log_ratio": "algo.max_log_ratio"}.get(str(e).split(" ", 1)[0], "algo")
+        raise ConfigError(f"config field '{field}': {e}") from None
     _check(a.mismatch_correction in ("none", "auto") or r.old_logp == "trainer", "algo.mismatch_correction",
            "weighs by pi_old / pi_sampler, which needs both: set rollout.old_logp=trainer (with the sampler's "
            "log-probs as pi_old the weight is 1 and GSPO's clip is the correction, paper section 5.4)")
@@ -167,7 +184,7 @@ def validate(cfg: Config) -> None:
     _check(len(rw.functions) >= 1, "rewards.functions", "needs at least one reward function")
     for i, fn in enumerate(rw.functions):
         _check(bool(fn.name), f"rewards.functions[{i}].name", "must not be empty")
-        if fn.name == "code_tests":
+        if runs_model_code(fn.name):
             _check(rw.allow_code_execution, "rewards.allow_code_execution",
                    "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
     names = cfg.logging.report_to

@@ -20,7 +20,7 @@ import torch
 
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
-from gspo.config.rules import records_routes
+from gspo.config.rules import records_routes, runs_model_code
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
 from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, say_held_out
@@ -105,7 +105,7 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
     specs = []
     for f in cfg.rewards.functions:
         kwargs = dict(f.kwargs)
-        if f.name == "code_tests":
+        if runs_model_code(f.name):
             kwargs.setdefault("allow_code_execution", cfg.rewards.allow_code_execution)
         if f.name.startswith(("model:", "judge:")):  # a reward model sits beside the policy unless told otherwise
             kwargs.setdefault("device", cfg.model.device)
