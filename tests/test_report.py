@@ -236,3 +236,22 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
 
     # the run colours (matplotlib C0 blue, C1 orange) only appear if the embedded PNGs decoded
     assert near((31, 119, 180)) > 300 and near((255, 127, 14)) > 300
+
+
+def test_completion_rows_are_strict_json_with_a_missing_reward_inside_them(tmp_path):
+    """A function's missing reward (NaN) is null at any depth: the file parses as strict JSON."""
+    import json as _json
+
+    import numpy as np
+    import torch
+
+    from gspo.report.sinks import write_completions
+
+    rows = [{"step": 1, "reward": float("nan"), "advantage": torch.tensor(0.5),
+             "rewards": {"fn": float("nan"), "other": np.float32(1.0)}, "turns": [{"score": float("inf")}]}]
+    path = write_completions(tmp_path, 1, rows)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    got = _json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert got == {"step": 1, "reward": None, "advantage": 0.5, "rewards": {"fn": None, "other": 1.0},
+                   "turns": [{"score": None}]}

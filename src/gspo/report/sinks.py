@@ -11,8 +11,14 @@ from typing import Any, Iterable
 
 
 def jsonable(v: Any) -> Any:
+    """`v` as JSON can hold it: a non-finite float as None (JSON has no NaN; None reads back as
+    "no value"), a tensor or numpy scalar as its number, inside dicts and lists as well."""
     if isinstance(v, float) and not math.isfinite(v):
-        return None  # JSON has no NaN; None reads back as "no value"
+        return None
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
     if hasattr(v, "item"):
         return jsonable(v.item())
     return v
@@ -27,7 +33,7 @@ class JsonlWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps({k: jsonable(v) for k, v in record.items()}) + "\n")
+        self._f.write(json.dumps(jsonable(record), allow_nan=False) + "\n")
         self._f.flush()
 
     def close(self) -> None:
@@ -88,7 +94,7 @@ def write_completions(run_dir: Path, step: int, rows: Iterable[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({k: jsonable(v) for k, v in r.items()}) + "\n")
+            f.write(json.dumps(jsonable(r), allow_nan=False) + "\n")
     return path
 
 
