@@ -326,3 +326,16 @@ def test_score_argument_errors(runner):
         runner.score(["p"] * 2, ["a", "b"], {"answer": ["x"]})
     with pytest.raises(RewardConfigError, match="on_error"):
         RewardRunner(["format"], on_error="ignore")
+
+
+def huge(prompts, completions, **kwargs):
+    return [1e39 if c == "b" else 1.0 for c in completions]
+
+
+def test_a_finite_reward_beyond_float32_is_one_error_naming_it():
+    """1e39 is finite (the contract's), but the rewards are float32: it would turn into inf and
+    stop the run as bad input. It is a reward error naming the sample, the function and weight."""
+    with RewardRunner([RewardSpec(huge, weight=2.0)], num_workers=0) as r:
+        assert r.score(["p", "p"], ["a", "a"], {}).rewards.tolist() == [2.0, 2.0]
+        with pytest.raises(RewardError, match=r"sample 1 is 2e\+39 \(huge 1e\+39 x 2\), beyond what float32 holds"):
+            r.score(["p", "p"], ["a", "b"], {})

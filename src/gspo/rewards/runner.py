@@ -405,6 +405,12 @@ class RewardRunner:
                 total += weight * v  # NaN propagates: missing stays missing
             stats[f"reward/{name}/mean"] = v.nanmean().item()  # NaN when all are missing
         rewards = total.float()
+        over = torch.isinf(rewards) & torch.isfinite(total)  # finite values float32 cannot hold
+        if bool(over.any()):
+            i = int(over.nonzero()[0])
+            parts = ", ".join(f"{name} {per_function[name][i]:g} x {w:g}" for name, w in zip(self.names, self.weights))
+            raise RewardError(f"the weighted reward of sample {i} is {total[i].item():g} ({parts}), beyond what "
+                              f"float32 holds (3.4e38): scale the reward functions' values or weights down")
         ok = rewards[~rewards.isnan()]
         stats["reward/mean"] = ok.mean().item() if len(ok) else math.nan
         stats["reward/std"] = ok.std(unbiased=False).item() if len(ok) else math.nan
