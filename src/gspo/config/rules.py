@@ -308,3 +308,9 @@ def _validate_tools(cfg) -> None:
         return
     _check(all(isinstance(t, str) and t for t in r.tools), "rollout.tools", "must be a list of import paths "
            "(pkg.mod:fn or path/file.py:fn)")
+
+
+def needs_reference(cfg: Config) -> bool:
+    """A KL reference runs with a KL penalty (algo.kl_coef > 0) or when the KL is logged alone
+    (logging.kl_reference)."""
+    return cfg.algo.kl_coef > 0 or cfg.logging.kl_reference

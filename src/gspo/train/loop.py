@@ -32,7 +32,8 @@ from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
 from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rollout import Rollout, chunk_seed
 from gspo.train.produce import ScoredRollout, produce, sample_and_score, score  # noqa: F401  (re-exported)
-from gspo.train.run import Run, build_run, check_base_weights, push_weights
+from gspo.train.resume import check_base_weights
+from gspo.train.run import Run, build_run, push_weights
 from gspo.train.step_metrics import (add_micro_metrics, log_step, mismatch_metrics, mismatch_over_parts,
                                      reduce_minibatch_metrics)
 from gspo.report.trackers import open_trackers
@@ -52,7 +53,7 @@ class TrainerState:
     skipped_steps: int = 0    # non-finite steps skipped in total
     prompts: dict = field(default_factory=dict)  # the prompt stream's position
     finished: bool = False
-    base_weights: str = ""    # the starting weights the checkpoints do not hold (`run.base_weights_fingerprint`)
+    base_weights: str = ""    # the starting weights the checkpoints do not hold (`resume.base_weights_fingerprint`)
 
 
 # ---------------------------------------------------------------- learn

@@ -8,6 +8,8 @@
   optimizer's state and learning-rate schedule come from the checkpoint, so `optim.*` changes
   do not act. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
   fit, is refused before the model loads.
+- The starting weights a run's checkpoints do not hold (LoRA's base, the KL reference) must
+  still be the ones at model.name_or_path (`base_weights_fingerprint`, `check_base_weights`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import sys
 from pathlib import Path
 
 from gspo.config import Config, ConfigError
+from gspo.config.rules import needs_reference
+from gspo.models import weights_fingerprint
 from gspo.train import checkpoint as ckpt
 from gspo.train.distributed import Dist
 
@@ -77,3 +81,22 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
                   file=sys.stderr)
         d.barrier()
     return resume_from
+
+
+def base_weights_fingerprint(cfg: Config, model) -> str:
+    """`weights_fingerprint` of the weights at model.name_or_path where a run's checkpoints do not
+    hold them: LoRA's frozen base, and the KL reference (the starting weights); "" otherwise.
+    A resumed run whose base has changed since (a folder rewritten by another run) is refused."""
+    if not (cfg.lora.enabled or needs_reference(cfg)):
+        return ""
+    return weights_fingerprint(p for p in model.parameters() if not (cfg.lora.enabled and p.requires_grad))
+
+
+def check_base_weights(cfg: Config, saved: str, now: str) -> None:
+    """One error where the weights at model.name_or_path are not the ones the resumed run started from."""
+    if saved and now and saved != now:
+        raise ConfigError(f"config field 'model.name_or_path': the weights at {cfg.model.name_or_path} are not the "
+                          f"ones this run started from, which its checkpoints do not hold ("
+                          + ("LoRA adapters train on them" if cfg.lora.enabled else "the KL reference is them")
+                          + f"; fingerprint {now}, the run's {saved}); resume with the model it started from, or "
+                          f"start a new run")

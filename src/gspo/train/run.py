@@ -20,13 +20,13 @@ import torch
 
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
-from gspo.config.rules import records_routes, runs_model_code
+from gspo.config.rules import needs_reference, records_routes, runs_model_code
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
 from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, say_held_out
-from gspo.train.resume import resume_point
+from gspo.train.resume import base_weights_fingerprint, resume_point
 from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
-                         set_trainer_mode, use_cpu_gqa_attention, weights_fingerprint)
+                         set_trainer_mode, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
@@ -190,7 +190,7 @@ class Run:
     remote: Any = None                # rollout.mode=async: gspo.train.async_mode.AsyncRollouts
     tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
     reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (needs_reference)
-    base_weights: str = ""            # `base_weights_fingerprint`: the starting weights checkpoints do not hold
+    base_weights: str = ""            # `resume.base_weights_fingerprint`: starting weights checkpoints do not hold
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
 
@@ -434,31 +434,6 @@ def param_groups(cfg: Config, trainer, params: list) -> list[dict]:
     if not routers:
         raise ConfigError("config field 'optim.router_lr_scale': the model has no trainable MoE router weights")
     return [{"params": [p for p in params if id(p) not in ids]}, {"params": routers, "lr": cfg.optim.lr * scale}]
-
-
-def base_weights_fingerprint(cfg: Config, model) -> str:
-    """`weights_fingerprint` of the weights at model.name_or_path where a run's checkpoints do not
-    hold them: LoRA's frozen base, and the KL reference (the starting weights); "" otherwise.
-    A resumed run whose base has changed since (a folder rewritten by another run) is refused."""
-    if not (cfg.lora.enabled or needs_reference(cfg)):
-        return ""
-    return weights_fingerprint(p for p in model.parameters() if not (cfg.lora.enabled and p.requires_grad))
-
-
-def check_base_weights(cfg: Config, saved: str, now: str) -> None:
-    """One error where the weights at model.name_or_path are not the ones the resumed run started from."""
-    if saved and now and saved != now:
-        raise ConfigError(f"config field 'model.name_or_path': the weights at {cfg.model.name_or_path} are not the "
-                          f"ones this run started from, which its checkpoints do not hold ("
-                          + ("LoRA adapters train on them" if cfg.lora.enabled else "the KL reference is them")
-                          + f"; fingerprint {now}, the run's {saved}); resume with the model it started from, or "
-                          f"start a new run")
-
-
-def needs_reference(cfg: Config) -> bool:
-    """A KL reference runs with a KL penalty (algo.kl_coef > 0) or when the KL is logged alone
-    (logging.kl_reference)."""
-    return cfg.algo.kl_coef > 0 or cfg.logging.kl_reference
 
 
 def frozen_copy(model):
