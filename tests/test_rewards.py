@@ -181,6 +181,22 @@ def test_runner_runs_in_other_processes():
     assert len(pids) == 2 and os.getpid() not in pids
 
 
+def test_a_sigterm_to_the_process_group_leaves_the_reward_workers_to_the_parent():
+    """torchrun, Slurm and systemd stop a job with SIGTERM to its process group: the run stops
+    after the current rollout, which still needs its rewards, so the workers must outlive it."""
+    import signal
+    import time
+
+    with RewardRunner([worker_pid], num_workers=2) as r:
+        pids = set(r.score(["p"] * 4, ["c"] * 4).per_function["worker_pid"])
+        for pid in pids:
+            os.kill(int(pid), signal.SIGTERM)
+            os.kill(int(pid), signal.SIGINT)
+        time.sleep(0.3)
+        again = r.score(["p"] * 4, ["c"] * 4)
+        assert set(again.per_function["worker_pid"]) == pids and again.stats["reward/errors"] == 0
+
+
 def test_missing_values_make_nan_unless_weight_zero():
     specs = [RewardSpec(answer_or_none), RewardSpec(length_reward)]
     with RewardRunner(specs) as r:

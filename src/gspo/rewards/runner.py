@@ -133,8 +133,10 @@ def _run_scorer(scorer: ModelScorer, name: str, batch, stop_at_first: bool, dead
 
 
 def _worker_main(conn, functions, parent_pid: int) -> None:
-    # Ctrl-C goes to the whole process group; the parent decides what happens to workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C, and torchrun's or a scheduler's SIGTERM, go to the whole process group: the parent
+    # decides what happens to workers (it stops after the rollout, which still needs its
+    # rewards); a worker ends when told, when SIGKILLed, or when its parent is gone.
+    ignore_stop_signals()
     conn.send("ready")
     batch = ([], [], {})
     while True:
@@ -189,6 +191,12 @@ def _default_start_method() -> str:
     if sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods():
         return "fork"  # functions defined in __main__ or a test module work as they are
     return "spawn"
+
+
+def ignore_stop_signals() -> None:
+    """In a worker process: SIGINT and SIGTERM, which reach a whole process group, are the parent's."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def kill_worker(proc, conn) -> None:

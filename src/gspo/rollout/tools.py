@@ -32,13 +32,12 @@ import math
 import multiprocessing as mp
 import numbers
 import os
-import signal
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from gspo.rewards import RewardConfigError, _import_attr
-from gspo.rewards.runner import _default_start_method, kill_worker
+from gspo.rewards.runner import _default_start_method, ignore_stop_signals, kill_worker
 from gspo.rollout.tool_calls import ToolCall, ToolConfigError
 
 OUTCOMES = ("ok", "error", "timeout", "malformed", "unknown", "bad_return")
@@ -176,7 +175,7 @@ class _Host:
 
 
 def _worker_main(conn, tools: dict, env_class, parent_pid: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what happens on Ctrl-C
+    ignore_stop_signals()  # the parent decides what happens on Ctrl-C or a SIGTERM to the group
     host = _Host(tools, env_class)
     conn.send("ready")
     while True:
