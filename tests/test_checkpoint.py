@@ -448,3 +448,19 @@ def test_kill9_at_arbitrary_point_leaves_a_consistent_checkpoint(tmp_path):
     step = load_checkpoint(path, model=model, optimizer=opt)["step"]
     assert path.name == f"step-{step}" and step >= 2
     assert all(torch.all(p == step) for p in model.parameters())  # model and trainer_state from the same save
+
+
+def test_a_resume_from_an_older_checkpoint_makes_it_latest(tmp_path):
+    """resume=PATH to an older checkpoint cuts metrics.jsonl to it; `latest` must follow, or a stop
+    before the next save would resume from the abandoned newer one (and find the run finished)."""
+    from gspo.train.checkpoint import find_resume_checkpoint, resume_here, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    for step in (20, 24, 28):
+        save_checkpoint(tmp_path, step, model=model, trainer_state={"step": step}, keep_last=3)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step-28"
+    resume_here(root / "step-28")  # the newest: nothing changes
+    assert (root / "latest").read_text().strip() == "step-28"
+    resume_here(root / "step-20")
+    assert (root / "latest").read_text().strip() == "step-20" and find_resume_checkpoint(tmp_path) == root / "step-20"

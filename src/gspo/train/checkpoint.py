@@ -178,6 +178,15 @@ def _write_latest(root: Path, name: str) -> None:
     _fsync_path(root)
 
 
+def resume_here(path: Path) -> None:
+    """A run resumed from one of its own checkpoints that ``latest`` does not name (resume=PATH
+    to an older one): ``latest`` names it from now on, as metrics.jsonl is cut to it, so a stop
+    before the next save resumes from here again, not from the abandoned newer checkpoints."""
+    root = Path(path).parent
+    if root.name == CHECKPOINTS and _read_latest(root) not in (None, Path(path).name):
+        _write_latest(root, Path(path).name)
+
+
 def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | None) -> None:
     """Keep ``current`` plus the newest ``keep_last - 1`` complete checkpoints older than it.
 

@@ -409,6 +409,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
         run.prompts.load_state_dict(state.prompts)
         if d.is_main:
             truncate_metrics(run_dir / "metrics.jsonl", state.step)
+            checkpoint.resume_here(run.resume_from)
             print(f"resumed from {run.resume_from} (rollout {state.rollout}, step {state.step})")
     sinks = Sinks(JsonlWriter(run_dir / "metrics.jsonl"), open_trackers(cfg, state.step)) \
         if d.is_main else None  # rank 0 logs: metrics.jsonl and logging.report_to's trackers
