@@ -135,6 +135,9 @@ def test_help_lists_every_field(capsys):
     ("rewards.functions=[{name: 'gspo.rewards.sandbox:code_tests_reward'}]", "rewards.allow_code_execution"),  # by path
     ("algo.eps_low=5e-4", "algo.eps_low"),        # above eps_high's default 4e-4: out of order
     ("rewards.functions.0.name=exact_answer", "rewards.functions=[{name: exact_answer}]"),  # a list by index
+    ("rewards.functions[0].weight=2", "rewards.functions=[{name: exact_answer}]"),  # ... in brackets
+    ("output.name=..", "output.name"),  # would write into output.dir's parent
+    ("output.name=.", "output.name"),
     ("optim.lr=inf", "optim.lr"),                 # would train to a non-finite model
     ("optim.beta1=2", "optim.beta1"),
     ("optim.weight_decay=-1", "optim.weight_decay"),

@@ -59,7 +59,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         if "=" not in o:
             raise ConfigError(f"override '{o}' is not of the form key=value (e.g. rollout.group_size=16)")
         key = o.split("=", 1)[0].strip()
-        if any(part.isdigit() for part in key.split(".")):  # OmegaConf would build a mapping where a list is
+        if any(part.isdigit() for part in key.replace("[", ".").replace("]", "").split(".")):  # OmegaConf would
+            # build a mapping where a list is (dotted), or fail on the type (bracketed)
             raise ConfigError(f"override '{o}': a list is set whole on the command line, e.g. "
                               f"'rewards.functions=[{{name: exact_answer}}]', not one item by its index")
     try:

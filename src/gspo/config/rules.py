@@ -197,7 +197,8 @@ def validate(cfg: Config) -> None:
     _check(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
     _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
     _check(cfg.threads >= 0, "threads", "must be >= 0")
-    _check(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain directory name")
+    _check(bool(cfg.output.name) and "/" not in cfg.output.name and cfg.output.name not in (".", ".."), "output.name",
+           f"must be a plain directory name inside output.dir (got {cfg.output.name!r})")
 
 
 def _validate_data_controls(cfg: Config) -> None:
