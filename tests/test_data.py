@@ -300,6 +300,9 @@ def test_sampler_load_state_rejects_other_settings():
         PromptStream(ROWS100[:50], 8, seed=7).load_state_dict(state)
     with pytest.raises(DataError, match="^the resumed run's prompt stream was split over 1 processes, this run has 2"):
         PromptStream(ROWS100, 8, seed=7, rank=1, world_size=2).load_state_dict(state)
+    two = PromptStream(ROWS100, 4, seed=7, rank=0, world_size=2).state_dict()  # a 2-process run, 4 rows each
+    with pytest.raises(DataError, match="^the resumed run's prompt stream was split over 2 processes, this run has 1"):
+        PromptStream(ROWS100, 8, seed=7).load_state_dict(two)  # the process count, not the batch, is the cause
 
 
 def test_sampler_ranks_disjoint_and_cover_global_batch():

@@ -417,7 +417,8 @@ class PromptStream:
         size, world size or shuffle setting differ from the saved run's."""
         mine = self.state_dict()
         for key, where in (("num_rows", "config field 'data.source': "), ("seed", "config field 'seed': "),
-                           ("batch_size", "config field 'rollout.prompts_per_step': "), ("world_size", ""),
+                           ("world_size", ""),  # before batch_size, which is per process
+                           ("batch_size", "config field 'rollout.prompts_per_step': "),
                            ("shuffle", "config field 'data.shuffle': ")):
             if key in state and int(state[key]) != mine[key]:
                 what = {"num_rows": f"draws from {state[key]} prompts, this data has {mine[key]} (after "
