@@ -273,7 +273,7 @@ def test_sampler_deterministic_and_epochs_are_permutations():
 
 def test_sampler_no_shuffle_in_order():
     s = PromptStream(ROWS100, 30, seed=0, shuffle=False)
-    assert [ids(s.next_batch())[0] for _ in range(4)] == [0, 30, 60, 0]
+    assert [ids(s.next_batch())[0] for _ in range(4)] == [0, 30, 60, 90]  # epoch 1 starts with the 10 rows epoch 0 left
     assert s.epoch == 1
 
 
@@ -289,6 +289,18 @@ def test_sampler_resume_equals_uninterrupted(stop):
     resumed = PromptStream(ROWS100, 8, seed=7)
     resumed.load_state_dict(state)
     assert [ids(resumed.next_batch()) for _ in range(20)] == expected[stop:]
+
+
+def test_without_shuffling_every_row_is_drawn_over_the_epochs():
+    """10 rows, batches of 4: an epoch deals 8 and skips 2; without shuffling the 2 skipped rows
+    start the next epoch, which goes on in file order."""
+    s = PromptStream(ROWS100[:10], 4, seed=7, shuffle=False)
+    ids = lambda b: [r["prompt"] for r in b]  # noqa: E731
+    got = [ids(s.next_batch()) for _ in range(4)]
+    assert got[:2] == [ids(ROWS100[0:4]), ids(ROWS100[4:8])]
+    assert got[2:] == [ids(ROWS100[8:10] + ROWS100[0:2]), ids(ROWS100[2:6])]
+    seen = {p for _ in range(20) for p in ids(s.next_batch())}
+    assert seen == set(ids(ROWS100[:10]))
 
 
 def test_sampler_load_state_rejects_other_settings():

@@ -322,11 +322,13 @@ class PromptStream:
     """Endless batches of rows, epoch after epoch, the same on every run with the same seed.
 
     Epoch e visits the rows in the order `numpy.random.default_rng([seed, e]).permutation(n)`
-    (or 0..n-1 when `shuffle=False`). Each step takes the next `batch_size * world_size`
-    consecutive rows of that order (the global batch) and rank r keeps rows
-    [r * batch_size, (r + 1) * batch_size) of it, so ranks never share a row within a step.
-    When fewer rows than one global batch remain in an epoch they are skipped that epoch (a
-    fresh permutation puts different rows last next time) and the next epoch starts.
+    (or, with `shuffle=False`, the file's order, each epoch starting where the one before
+    stopped). Each step takes the next `batch_size * world_size` consecutive rows of that order
+    (the global batch) and rank r keeps rows [r * batch_size, (r + 1) * batch_size) of it, so
+    ranks never share a row within a step. When fewer rows than one global batch remain in an
+    epoch they are skipped that epoch and the next epoch starts: a fresh permutation puts other
+    rows last, and without shuffling the skipped rows come first next time, so every row is
+    drawn.
 
     `state_dict()` / `load_state_dict()` capture the position exactly: a stream restored from
     a state dict yields the same batches as one that never stopped.
@@ -364,8 +366,8 @@ class PromptStream:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         n = len(self.rows)
-        if not self.shuffle:
-            return np.arange(n)
+        if not self.shuffle:  # the rows one epoch leaves out start the next
+            return np.roll(np.arange(n), -(epoch * self.steps_per_epoch * self.global_batch_size % n))
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     @property

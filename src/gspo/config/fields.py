@@ -97,7 +97,8 @@ class DataConfig:
     eval_split: Optional[str] = doc(None, "split of data.eval_source when it is a DatasetDict (default: train), "
                                     "e.g. test")
     max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count")
-    shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded)")
+    shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded); false: file order, each epoch starting where "
+                        "the last stopped")
 
 
 @dataclass
