@@ -72,6 +72,18 @@ class Dist:
         dist.all_gather(out, x)
         return torch.cat(out).to(t.device)
 
+    def gather_json(self, obj: Any) -> list:
+        """`obj` (JSON-able) from every rank, in rank order, on every rank: JSON bytes in a uint8
+        tensor, so nothing is unpickled."""
+        if not self.enabled:
+            return [obj]
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        sizes = self.all_gather(torch.tensor([data.numel()]))  # (world,)
+        padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
+        padded[: data.numel()] = data
+        every = self.all_gather(padded).view(self.world_size, -1)  # (world, longest)
+        return [json.loads(bytes(every[r, : int(n)].tolist())) for r, n in enumerate(sizes)]
+
     def broadcast_object(self, obj: Any) -> Any:
         if not self.enabled:
             return obj

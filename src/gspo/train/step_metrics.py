@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gspo import algo
-from gspo.report.sinks import write_completions
+from gspo.report.sinks import jsonable, write_completions
 from gspo.rollout import Rollout
 
 if TYPE_CHECKING:
@@ -141,9 +141,10 @@ def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerStat
         if sinks:
             sinks.write(rec)
     console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
+    rows = _due_completion_rows(run, state, scored)  # every process: the rows of all of them
     if d.is_main:
         _warn_no_signal(run, state.rollout, common)
-        _log_completions(run, console, sinks, state, scored)
+        _log_completions(run, console, sinks, state, scored.rollout.group_size, rows)
 
 
 def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
@@ -162,16 +163,27 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
           file=sys.stderr, flush=True)
 
 
-def _log_completions(run: Run, console: Console, sinks: Sinks, state: TrainerState, scored: ScoredRollout):
+def _completions_due(run: Run, state: TrainerState) -> tuple[bool, bool]:
+    """(completions/ file, console table) due after this rollout; the same on every process."""
     lc = run.cfg.logging
-    want_file = lc.completions_every and (state.rollout % lc.completions_every == 0 or state.rollout == 1)
-    want_table = lc.table_every and state.rollout % lc.table_every == 0
-    if not (want_file or want_table):
-        return
+    return (bool(lc.completions_every) and (state.rollout % lc.completions_every == 0 or state.rollout == 1),
+            bool(lc.table_every) and state.rollout % lc.table_every == 0)
+
+
+def _due_completion_rows(run: Run, state: TrainerState, scored: ScoredRollout) -> list[dict] | None:
+    """The rollout's completion rows, every process's in rank order (under torchrun each samples
+    its own prompts' groups), when a completions file or table is due; None otherwise."""
+    if not any(_completions_due(run, state)):
+        return None
     rows = completion_rows(state.step, scored.rollout, scored.rewards, scored.advantages)
+    return [r for part in run.dist.gather_json(jsonable(rows)) for r in part]
+
+
+def _log_completions(run: Run, console: Console, sinks: Sinks, state: TrainerState, group_size: int,
+                     rows: list[dict] | None) -> None:
+    want_file, want_table = _completions_due(run, state)
     if want_file:
         write_completions(run.cfg.run_dir, state.step, rows)
         sinks.table(state.step, rows)  # the trackers mirror completions/
     if want_table:
-        G = scored.rollout.group_size
-        console.table(f"rollout {state.rollout}", rows[:: max(G // 2, 1)][: lc.table_rows])
+        console.table(f"rollout {state.rollout}", rows[:: max(group_size // 2, 1)][: run.cfg.logging.table_rows])
