@@ -300,3 +300,24 @@ def test_degenerate_rollouts_give_finite_loss(tmp_path, monkeypatch):
     rec = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert rec["reward/missing"] > 0 and rec["adv/frac_zero_std"] == 1.0
     assert rec["loss"] == 0.0 and rec["grad_norm"] == 0.0
+
+
+def test_a_run_directory_another_live_process_runs_in_is_refused(tmp_path):
+    """Two runs into one directory at once would interleave metrics.jsonl and overwrite each
+    other's checkpoints: the second is refused before its model loads, while the first's
+    process lives; a lock left by a dead process is stale. A finished run leaves no lock."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / ".lock").write_text(f"{holder.pid}\n")
+        p = gspo_train(tmp_path, "run", check=False)
+        assert p.returncode == 2 and f"is in use by another gspo process (pid {holder.pid})" in p.stderr
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    gspo_train(tmp_path, "run", "schedule.rollouts=1")  # the holder is gone: its lock is stale
+    assert not (tmp_path / "run" / ".lock").exists()

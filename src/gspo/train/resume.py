@@ -3,7 +3,8 @@
 - `resume=auto` continues from the run directory's last whole checkpoint. When there is none
   though the directory holds a run (it stopped before its first checkpoint), the run starts
   over and what it wrote is set aside in `stopped-<UTC time>/`, never deleted.
-- A run directory that holds a run is refused without `resume=auto` (one run per directory).
+- A run directory that holds a run is refused without `resume=auto` (one run per directory),
+  and so is one another live process is running in (`claim_run_dir`).
 - Settings that differ from the checkpoint's are listed in a warning (`changed_settings`): the
   optimizer's state and learning-rate schedule come from the checkpoint, so `optim.*` changes
   do not act. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -45,12 +47,42 @@ def changed_settings(checkpoint_dir: Path, cfg: Config) -> list[str]:
             if not k.startswith(FREE) and v != "auto" and old.get(k) != v]
 
 
+LOCK = ".lock"  # the pid of the process that runs in a run directory
+
+
+def claim_run_dir(run_dir: Path, d: Dist) -> Path | None:
+    """One run per directory, also for runs started at once (the checks below look for what a
+    run writes once its model has loaded): rank 0 writes its pid to run_dir/.lock, and a lock of
+    another live process is one error. Returns the lock for `release_run_dir` (None on other ranks)."""
+    if not d.is_main:
+        return None
+    lock = run_dir / LOCK
+    try:
+        holder = int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        holder = 0
+    if holder and ckpt._pid_alive(holder):
+        raise ConfigError(f"config field 'output.name': run directory {run_dir} is in use by another gspo process "
+                          f"(pid {holder}); wait for it to end, or choose another output.name")
+    lock.write_text(f"{os.getpid()}\n")
+    return lock
+
+
+def release_run_dir(lock: Path | None) -> None:
+    """Remove this process's lock (`claim_run_dir`) as its run ends."""
+    try:
+        if lock is not None and lock.read_text().strip() == str(os.getpid()):
+            lock.unlink()
+    except OSError:
+        pass
+
+
 def set_aside(run_dir: Path) -> Path:
     """Move what a run directory holds into run_dir/stopped-<UTC time>/ (earlier such folders stay)."""
     aside = run_dir / f"stopped-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S%fZ}"
     aside.mkdir()
     for entry in sorted(run_dir.iterdir()):
-        if entry != aside and not entry.name.startswith("stopped-"):
+        if entry != aside and not entry.name.startswith("stopped-") and entry.name != LOCK:
             shutil.move(str(entry), str(aside / entry.name))
     return aside
 

@@ -24,7 +24,7 @@ from gspo.config.rules import needs_reference, records_routes, runs_model_code
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
 from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, say_held_out
-from gspo.train.resume import base_weights_fingerprint, resume_point
+from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
 from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
                          set_trainer_mode, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
@@ -191,6 +191,7 @@ class Run:
     tools: Any = None                 # rollout.tools: the Tools episodes call (gspo.rollout.tools)
     reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (needs_reference)
     base_weights: str = ""            # `resume.base_weights_fingerprint`: starting weights checkpoints do not hold
+    lock: Path | None = None          # run_dir/.lock, rank 0's (`resume.claim_run_dir`)
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
 
@@ -202,6 +203,7 @@ class Run:
         if self.remote is not None:
             self.remote.close()
         self.rewards.close()
+        release_run_dir(self.lock)
         if self.tools is not None:
             self.tools.runner.close()
         if hasattr(self.generator, "close"):  # the vllm engine's memory
@@ -320,6 +322,7 @@ def build_run(cfg: Config) -> Run:
     _check_extras(cfg)                                                   # optional packages
     run_dir = cfg.run_dir
     check_writable(run_dir)                                              # output dir
+    lock = claim_run_dir(run_dir, d)
     specs = reward_specs(cfg)
     for i, spec in enumerate(specs):                                     # reward names
         try:
@@ -419,7 +422,7 @@ def build_run(cfg: Config) -> Run:
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
-               resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights,
+               resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights, lock=lock,
                tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
 
 
