@@ -464,3 +464,22 @@ def test_a_resume_from_an_older_checkpoint_makes_it_latest(tmp_path):
     assert (root / "latest").read_text().strip() == "step-28"
     resume_here(root / "step-20")
     assert (root / "latest").read_text().strip() == "step-20" and find_resume_checkpoint(tmp_path) == root / "step-20"
+
+
+def test_a_full_disk_while_writing_final_is_one_stop_message_and_no_partial_folder(tmp_path):
+    from types import SimpleNamespace
+
+    from gspo.train.checkpoint import CheckpointError, save_final
+    from gspo.train.distributed import Dist
+
+    class FullDisk:
+        def save_pretrained(self, path, **kw):
+            Path(path).mkdir(parents=True)
+            (Path(path) / "model.safetensors").write_bytes(b"half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    run = SimpleNamespace(cfg=SimpleNamespace(run_dir=tmp_path, lora=SimpleNamespace(enabled=False)),
+                          generator_model=FullDisk(), remote=None, dist=Dist(), tokenizer=None)
+    with pytest.raises(CheckpointError, match=r"could not write .*final: OSError: .*\(disk full\?\); .*resume=auto"):
+        save_final(run)
+    assert not (tmp_path / "final.partial").exists() and not (tmp_path / "final").exists()

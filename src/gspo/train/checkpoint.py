@@ -209,6 +209,17 @@ def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | Non
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _disk_full_hint(e: BaseException, where: Path) -> str:
+    """" (disk full?)" for an error of a write that ran out of space: ENOSPC / EDQUOT, or any
+    error (torch.save and safetensors raise their own) where under 16 MiB is left."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return " (disk full?)"
+    try:
+        return " (disk full?)" if shutil.disk_usage(where).free < 16 * 2**20 else ""
+    except OSError:
+        return ""
+
+
 def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
                     trainer_state: dict, config_text: str = "", keep_last: int = CheckpointConfig.keep_last,
                     trainable_only: bool = False, comm=None, write_state=None, write_extra=None) -> Path:
@@ -272,9 +283,7 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt etc.: clean up, do not wrap
         cause = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
-        full = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-        hint = " (disk full?)" if isinstance(e, OSError) and e.errno in full else ""
-        error = (f"could not save checkpoint {final}: {type(e).__name__}: {cause}{hint}; "
+        error = (f"could not save checkpoint {final}: {type(e).__name__}: {cause}{_disk_full_hint(e, root)}; "
                  f"{_latest_note(root)}")
         if comm is None:
             raise CheckpointError(error) from e
@@ -522,12 +531,18 @@ def save_final(run) -> Path:
     if run.dist.is_main:
         part = out.with_name("final.partial")
         shutil.rmtree(part, ignore_errors=True)
-        if run.cfg.lora.enabled:
-            model.save_pretrained(part / "adapter", safe_serialization=True)
-            if run.cfg.lora.merge_final:
-                model = model.merge_and_unload()  # training is over: merge in place
-        model.save_pretrained(part, safe_serialization=True)
-        run.tokenizer.save_pretrained(part)
+        try:
+            if run.cfg.lora.enabled:
+                model.save_pretrained(part / "adapter", safe_serialization=True)
+                if run.cfg.lora.merge_final:
+                    model = model.merge_and_unload()  # training is over: merge in place
+            model.save_pretrained(part, safe_serialization=True)
+            run.tokenizer.save_pretrained(part)
+        except Exception as e:  # a full disk, a lost mount: the finished checkpoint is whole
+            shutil.rmtree(part, ignore_errors=True)
+            raise CheckpointError(f"could not write {out}: {type(e).__name__}: {e}{_disk_full_hint(e, out.parent)}; "
+                                  f"the run's last checkpoint is whole: resume with resume=auto to write final/ "
+                                  f"again") from e
         faults.in_final()  # tests only
         shutil.rmtree(out, ignore_errors=True)
         os.rename(part, out)
