@@ -447,8 +447,9 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                         f"stopped and saved the last good state in {run_dir / 'checkpoints'}")
                 if stop_now:
                     checkpoint.save_run(run, state)
-                    console.print(f"stopped by signal {int(stop_now)} after rollout {state.rollout}; "
-                                  f"resume with resume=auto")
+                    if d.is_main:  # (a console that is off prints plainly: on rank 0 alone)
+                        console.print(f"stopped by signal {int(stop_now)} after rollout {state.rollout}; "
+                                      f"resume with resume=auto")
                     return run_dir
                 if cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0 and state.rollout < total:
                     checkpoint.save_run(run, state)
