@@ -37,7 +37,7 @@ def doc(default: Any, help: str, **kw: Any) -> Any:
 @dataclass
 class ModelConfig:
     name_or_path: str = doc("tiny", "HF model id or local path; 'tiny' builds the demo's tiny Qwen3 from scratch")
-    dtype: str = doc("float32", "parameter dtype: float32 | bfloat16")
+    dtype: str = doc("float32", "parameter dtype: float32 | bfloat16 | float16")
     device: str = doc("auto", "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N")
     trust_remote_code: bool = doc(False, "allow model repos to run their own Python code (off unless you trust the repo)")
     gradient_checkpointing: bool = doc(False, "recompute activations in the backward pass to save memory")
