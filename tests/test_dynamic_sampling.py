@@ -350,5 +350,7 @@ def test_two_processes_agree_on_rounds_and_keep_their_batch(tmp_path):
     assert len(metrics) == 2
     for m in metrics:  # 3 rounds x 2 processes x 2 groups; only rank 1's can be kept
         assert (m["dynamic/rounds"], m["dynamic/groups_drawn"]) == (3, 12) and m["dynamic/groups_kept"] <= 2
-    for batch in _groups(tmp_path / "two"):  # rank 0's own rows: its 2 groups, fillers with advantage 0
-        assert len(batch) == 2 and all(r["advantage"] == 0 and r["prompt"][0] in "0145" for g in batch for r in g)
+    for batch in _groups(tmp_path / "two"):  # both ranks' rows, in rank order: 2 groups each
+        assert len(batch) == 4
+        assert all(r["advantage"] == 0 and r["prompt"][0] in "0145" for g in batch[:2] for r in g)  # rank 0's fillers
+        assert all(r["prompt"][0] in "2367" for g in batch[2:] for r in g)  # rank 1's
