@@ -149,6 +149,32 @@ def test_generators_stop_when_the_learner_is_killed(tmp_path):
     assert orphans == []
 
 
+def test_a_sigterm_to_learner_and_generator_alike_stops_after_the_rollout_with_its_rollouts_in_flight(tmp_path):
+    """torchrun, Slurm and systemd stop a job with SIGTERM to every process of it: the generator
+    leaves the stop to the learner, which saves after its rollout, with the rollout in flight,
+    and stops it; no process is left."""
+    learner = gspo_popen(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC, "rollout.generators=1",
+                          "schedule.rollouts=400", "checkpoint.every=0"], env=_env())
+    pids, deadline = [], time.monotonic() + 120
+    while not pids and learner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pids = [int(x.rsplit("pid ", 1)[1].rstrip(")")) for x in learner.read_stderr().splitlines() if "started (pid" in x]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    learner.send_signal(signal.SIGTERM)
+    out, err = learner.communicate(timeout=120)
+    assert learner.returncode == 0 and "stopped by signal 15" in out + err, err[-2000:]
+    ck = find_resume_checkpoint(tmp_path / "run")
+    assert ck is not None and [f.name for f in (ck / "inflight").iterdir()]  # K = 1: the next rollout was sampled
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids and all(_gone(p) for p in pids)
+
+
 def test_a_killed_generator_stops_the_run_with_one_clear_error_and_its_last_checkpoint_intact(tmp_path):
     p = gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", faults="generator_kill_at=3", check=False)
     assert p.returncode == 1

@@ -50,12 +50,17 @@ def serve(cfg: Config) -> None:
     ranks sample them, and their shards, put together into this process's whole model."""
     from gspo.models import resolve_device
     from gspo.models.routing import RouteTracker, find_routers
+    from gspo.rewards.runner import ignore_stop_signals
     from gspo.train.distributed import Dist
     from gspo.train.run import (_vllm_generator, build_policy, episode_tools, hf_generator, play_episodes,
                                 seed_everything, setup_threads)
 
     spawned = bool(os.environ.get(ROLE_ENV))
     timeout = _timeout(cfg)
+    # Ctrl-C, and torchrun's or a scheduler's SIGTERM, reach the whole process group: the learner
+    # stops after its rollout and saves the rollouts in flight, which it asks this process for;
+    # it then sends STOP (and a spawned generator dies with it in any case)
+    ignore_stop_signals()
     if spawned:
         _die_with_parent(int(os.environ["GSPO_ASYNC_PARENT"]))
         rank, world = int(os.environ["GSPO_ASYNC_RANK"]), int(os.environ["GSPO_ASYNC_WORLD"])
