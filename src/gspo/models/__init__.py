@@ -120,6 +120,8 @@ def load_policy(
         )
     except (OSError, ValueError) as e:  # hub / file errors are OSError subclasses
         hint = " (HF_HUB_OFFLINE is set and no cached copy was found)" if offline else ""
+        if not os.path.exists(name):  # `runs/x` reads as a Hub id too
+            hint += f"; nor is there a local folder {os.path.abspath(name)}"
         raise ModelError(f"could not load model {name!r}{hint}: {e}") from e
     model.to(resolve_device(device))
     return model, _ready_tokenizer(tokenizer, model, name)
