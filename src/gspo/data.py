@@ -418,17 +418,18 @@ class PromptStream:
         """Restore a position from `state_dict()`. DataError if the dataset size, seed, batch
         size, world size or shuffle setting differ from the saved run's."""
         mine = self.state_dict()
-        for key, where in (("num_rows", "config field 'data.source': "), ("seed", "config field 'seed': "),
-                           ("world_size", ""),  # before batch_size, which is per process
-                           ("batch_size", "config field 'rollout.prompts_per_step': "),
-                           ("shuffle", "config field 'data.shuffle': ")):
+        for key, what in (  # world_size before batch_size, which is per process
+                ("num_rows", "config field 'data.source': the resumed run's prompt stream draws from {old} prompts, "
+                             "this data has {new} (after data.num_prompts and data.max_prompt_tokens)"),
+                ("seed", "config field 'seed': the resumed run's prompt stream has seed={old}, this run seed={new}"),
+                ("world_size", "the resumed run's prompt stream was split over {old} processes, this run has {new}"),
+                ("batch_size", "config field 'rollout.prompts_per_step': the resumed run's prompt stream has "
+                               "batch_size={old}, this run batch_size={new}"),
+                ("shuffle", "config field 'data.shuffle': the resumed run's prompt stream has shuffle={old}, this "
+                            "run shuffle={new}")):
             if key in state and int(state[key]) != mine[key]:
-                what = {"num_rows": f"draws from {state[key]} prompts, this data has {mine[key]} (after "
-                                    f"data.num_prompts and data.max_prompt_tokens)",
-                        "world_size": f"was split over {state[key]} processes, this run has {mine[key]}"}.get(
-                    key, f"has {key}={state[key]}, this run {key}={mine[key]}")
-                raise DataError(f"{where}the resumed run's prompt stream {what}; an exact resume needs the data "
-                                f"and settings the run began with (or start a new run)")
+                raise DataError(what.format(old=state[key], new=mine[key]) + "; an exact resume needs the data and "
+                                "settings the run began with (or start a new run)")
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self.rows):
             raise DataError(f"PromptStream.load_state_dict: bad epoch/position {epoch}/{position}")

@@ -97,19 +97,17 @@ def check_tool_template(tokenizer, schemas: list[dict], call_ids: bool | None = 
             {"role": "tool", "name": name, "content": probe}]
     with_ids = [talk[0], {**talk[1], "tool_calls": call_messages([ToolCall(name, id="gspoProbe")])},
                 {**talk[2], "tool_call_id": "gspoProbe"}]
-    tries = {True: [with_ids], False: [talk], None: [talk, with_ids]}[call_ids]
-    for i, t in enumerate(tries):
+    for t in {True: [with_ids], False: [talk], None: [talk, with_ids]}[call_ids]:
         try:
-            shown = probe in render(tokenizer, t, schemas, generation_prompt=True)
-            talk = t
+            shown, talk = probe in render(tokenizer, t, schemas, generation_prompt=True), t
             break
         except Exception as e:  # e.g. a template that wants ids on tool calls (Mistral's)
-            if i + 1 < len(tries):
-                continue
-            hint = "" if call_ids else "; a template that pairs replies with call ids, as Mistral's does, needs " \
-                                       "rollout.tool_parser=mistral"
-            raise ConfigError(f"config field 'rollout.tools': the tokenizer's chat template fails on a tool's reply "
-                              f"({type(e).__name__}: {e}){hint}") from None
+            error = e
+    else:
+        hint = "" if call_ids else "; a template that pairs replies with call ids, as Mistral's does, needs " \
+                                   "rollout.tool_parser=mistral"
+        raise ConfigError(f"config field 'rollout.tools': the tokenizer's chat template fails on a tool's reply "
+                          f"({type(error).__name__}: {error}){hint}") from None
     if not shown:
         raise ConfigError("config field 'rollout.tools': the tokenizer's chat template drops messages of role "
                           "'tool', so the model would never see the tools' replies; use a model whose template "

@@ -110,7 +110,7 @@ def _step_dirs(root: Path) -> list[Path]:
     return sorted(dirs, key=_step_of, reverse=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return False  # ours from an earlier failed attempt in this process: stale
     try:
@@ -126,7 +126,7 @@ def _remove_stale_tmp(root: Path) -> None:
     """Delete temp dirs left by crashed saves (any whose writer pid is no longer running)."""
     for p in root.iterdir():
         m = _TMP_RE.match(p.name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:

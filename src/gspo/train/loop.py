@@ -487,26 +487,26 @@ def produce_or_save(run: Run, state: TrainerState, rng: dict | None, fault_save:
     Under torchrun every process learns whether any one failed (one all-reduce a rollout), so
     all of them save their part together and stop, instead of waiting in the update's first
     collective for a process that has gone."""
-    d = run.dist
-    agree = fault_save and d.enabled
+    scored, fault = None, None
     try:
-        scored, fault = produce(run, state), None
+        scored = produce(run, state)
     except async_job.GeneratorError:  # the rollouts in flight cannot be collected: the last checkpoint stands
         raise
     except Exception as e:
-        if not agree:
-            if rng is not None:
-                save_before_fault(run, state, rng)
+        if not fault_save:
             raise
-        scored, fault = None, e
-    if agree and any_process(fault is not None, d.all_reduce):
-        if rng is not None:
-            save_before_fault(run, state, rng)
-        if fault is not None:
-            raise fault
-        raise TrainingError(f"another process failed while rollout {state.rollout + 1} was produced "
-                            f"(its error is in its own output); this process stopped with it")
-    return scored
+        fault = e
+    failed = fault is not None
+    if fault_save and run.dist.enabled:
+        failed = bool(any_process(failed, run.dist.all_reduce))
+    if not failed:
+        return scored
+    if rng is not None:
+        save_before_fault(run, state, rng)
+    if fault is not None:
+        raise fault
+    raise TrainingError(f"another process failed while rollout {state.rollout + 1} was produced "
+                        f"(its error is in its own output); this process stopped with it")
 
 
 def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:

@@ -61,7 +61,7 @@ def claim_run_dir(run_dir: Path, d: Dist) -> Path | None:
         holder = int(lock.read_text().strip() or 0)
     except (OSError, ValueError):
         holder = 0
-    if holder and ckpt._pid_alive(holder):
+    if holder and ckpt.pid_alive(holder):
         raise ConfigError(f"config field 'output.name': run directory {run_dir} is in use by another gspo process "
                           f"(pid {holder}); wait for it to end, or choose another output.name")
     lock.write_text(f"{os.getpid()}\n")
