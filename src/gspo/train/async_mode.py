@@ -127,7 +127,7 @@ class AsyncRollouts:
     def after_update(self, version: int) -> None:
         """The learner's weights are now version `version` (= rollouts learned): send them
         where the schedule needs them and ask for the rollouts they sample. The rollouts learned
-        are let go only now: until then a checkpoint (a fault's, `loop.produce_or_save`) holds
+        are let go only now: until then a checkpoint (a fault's, `produce.produce_or_save`) holds
         the one being learned with those in flight."""
         with self.cond:
             for q in [q for q in self.pending if q < version]:

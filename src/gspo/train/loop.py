@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import signal as signals
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -31,16 +30,13 @@ from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
 from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rollout import Rollout, chunk_seed
-from gspo.train.produce import ScoredRollout, produce, sample_and_score, score  # noqa: F401  (re-exported)
+from gspo.train.produce import (ScoredRollout, TrainingError, can_save_before_fault, produce,  # noqa: F401
+                                produce_or_save, sample_and_score, score)  # (some re-exported)
 from gspo.train.resume import check_base_weights
 from gspo.train.run import Run, build_run, push_weights
 from gspo.train.step_metrics import (add_micro_metrics, log_step, mismatch_metrics, mismatch_over_parts,
                                      reduce_minibatch_metrics)
 from gspo.report.trackers import open_trackers
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. too many non-finite steps); the last good state was saved."""
 
 
 @dataclass
@@ -464,58 +460,3 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
             sinks.close()
         run.close()
     return run_dir
-
-
-def can_save_before_fault(run: Run) -> bool:
-    """Whether a fault in `produce` can be met by `produce_or_save`: always in one process, and
-    under torchrun where every process reaches the end of `produce` without a collective call on
-    the way. Dynamic sampling's rounds agree across processes inside `produce`, so there a
-    process that raised would leave the others waiting in a collective it never joins."""
-    return not (run.dist.enabled and run.remote is None and run.cfg.rollout.dynamic_sampling)
-
-
-def produce_or_save(run: Run, state: TrainerState, rng: dict | None, fault_save: bool) -> ScoredRollout:
-    """`produce`, and if it raises (a reward that raised or ran past its deadline under
-    rewards.on_error=raise, a tool or data error) the state after the last finished rollout is
-    saved before the run stops. The fault comes before any update from the rollout, so that state
-    is whole; it is saved with the RNG as it was when the failed rollout began (`rng`; None where
-    the newest checkpoint already holds this state), and resume=auto goes on from there as if
-    nothing had failed. In async mode the checkpoint holds the rollouts in flight, the failed one
-    among them (`AsyncRollouts.inflight`); a generator that failed leaves nothing to collect, and
-    its run stops on its last checkpoint.
-
-    Under torchrun every process learns whether any one failed (one all-reduce a rollout), so
-    all of them save their part together and stop, instead of waiting in the update's first
-    collective for a process that has gone."""
-    scored, fault = None, None
-    try:
-        scored = produce(run, state)
-    except async_job.GeneratorError:  # the rollouts in flight cannot be collected: the last checkpoint stands
-        raise
-    except Exception as e:
-        if not fault_save:
-            raise
-        fault = e
-    failed = fault is not None
-    if fault_save and run.dist.enabled:
-        failed = bool(any_process(failed, run.dist.all_reduce))
-    if not failed:
-        return scored
-    if rng is not None:
-        save_before_fault(run, state, rng)
-    if fault is not None:
-        raise fault
-    raise TrainingError(f"another process failed while rollout {state.rollout + 1} was produced "
-                        f"(its error is in its own output); this process stopped with it")
-
-
-def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
-    """Save the state after the last finished rollout, with the RNG restored to `rng` (see
-    `produce_or_save`)."""
-    if state.rollout == 0:  # nothing to keep
-        return
-    checkpoint.restore_rng_state(rng)
-    path = checkpoint.save_run(run, state)
-    if run.dist.is_main:
-        print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
-              file=sys.stderr)
