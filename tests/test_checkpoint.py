@@ -469,7 +469,8 @@ def test_a_resume_from_an_older_checkpoint_makes_it_latest(tmp_path):
 def test_a_full_disk_while_writing_final_is_one_stop_message_and_no_partial_folder(tmp_path):
     from types import SimpleNamespace
 
-    from gspo.train.checkpoint import CheckpointError, save_final
+    from gspo.train.checkpoint import CheckpointError
+    from gspo.train.run_state import save_final
     from gspo.train.distributed import Dist
 
     class FullDisk:

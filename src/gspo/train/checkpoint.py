@@ -209,7 +209,7 @@ def _prune(root: Path, current: Path, keep_last: int, previous_latest: str | Non
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _disk_full_hint(e: BaseException, where: Path) -> str:
+def disk_full_hint(e: BaseException, where: Path) -> str:
     """" (disk full?)" for an error of a write that ran out of space: ENOSPC / EDQUOT, or any
     error (torch.save and safetensors raise their own) where under 16 MiB is left."""
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
@@ -283,7 +283,7 @@ def save_checkpoint(run_dir, step: int, *, model: torch.nn.Module, optimizer=Non
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt etc.: clean up, do not wrap
         cause = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
-        error = (f"could not save checkpoint {final}: {type(e).__name__}: {cause}{_disk_full_hint(e, root)}; "
+        error = (f"could not save checkpoint {final}: {type(e).__name__}: {cause}{disk_full_hint(e, root)}; "
                  f"{_latest_note(root)}")
         if comm is None:
             raise CheckpointError(error) from e
@@ -460,91 +460,3 @@ def load_checkpoint(path, *, model: torch.nn.Module, optimizer=None, scheduler=N
     except Exception as e:
         raise CheckpointError(f"could not load checkpoint {path}: {type(e).__name__}: {e}") from e
     return trainer_state
-
-
-# ----------------------------------------------------------------------------- a training run's state
-
-
-def save_run(run, state) -> Path:
-    """Checkpoint a training run (`gspo.train.run.Run`) after `state.step` optimizer steps: the
-    policy (the adapters alone with LoRA on one process), optimizer, scheduler, trainer state,
-    every rank's RNG and the resolved config; sharded by `torch.distributed.checkpoint` under
-    FSDP2."""
-    from dataclasses import asdict
-
-    from gspo.train import distributed
-    from gspo.config import to_yaml
-
-    d, cfg = run.dist, run.cfg
-    sharded = d.enabled and d.strategy == "fsdp"
-    write = (lambda p: distributed.save_sharded(p, run.trainer, run.optimizer, d)) if sharded else None
-    extra = None
-    if run.remote is not None:  # async mode: the rollouts older weights sampled for the next ones
-        from gspo.train.async_wire import save_inflight
-
-        inflight = run.remote.inflight(state.rollout)
-        extra = lambda p: save_inflight(p, inflight, d.rank)  # noqa: E731
-    return save_checkpoint(cfg.run_dir, state.step, model=run.policy, optimizer=run.optimizer,
-                           scheduler=run.scheduler, trainer_state=asdict(state), config_text=to_yaml(cfg),
-                           keep_last=cfg.checkpoint.keep_last, trainable_only=cfg.lora.enabled and not sharded,
-                           comm=d if d.enabled else None, write_state=write, write_extra=extra)
-
-
-def restore_run(run, path: Path) -> dict:
-    """Load `path` into the run and push the weights to the generator; returns the trainer state."""
-    from gspo.train import distributed
-    from gspo.train.run import push_weights
-
-    sharded = run.dist.enabled and run.dist.strategy == "fsdp"
-    read = (lambda p: distributed.load_sharded(p, run.trainer, run.optimizer)) if sharded else None
-    state = load_checkpoint(path, model=run.policy, optimizer=run.optimizer, scheduler=run.scheduler,
-                            read_state=read, rank=run.dist.rank)
-    if "sampler" in state:  # checkpoints written before the prompt stream's position was named "prompts"
-        state["prompts"] = state.pop("sampler")
-    push_weights(run)
-    return state
-
-
-def _gathered_policy(run):
-    """Every rank: the sharded policy's full weights, loaded into a fresh CPU copy on rank 0
-    (None elsewhere): what async mode with FSDP2 writes as final/."""
-    from gspo.train import distributed
-    from gspo.train.run import build_policy, policy_state
-
-    full = distributed.full_state_dict(run.trainer, run.dist, rank0_cpu=True)
-    if not run.dist.is_main:
-        return None
-    model, _ = build_policy(run.cfg, torch.device("cpu"))
-    model.load_state_dict(policy_state(full), strict=True)
-    return model
-
-
-def save_final(run) -> Path:
-    """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
-    tokenizer; with LoRA also the adapters alone in final/adapter. It is written beside, as
-    final.partial/, and renamed when whole, so a process killed meanwhile leaves no final/ that
-    looks done (a resumed run then writes it again from the finished checkpoint)."""
-    out = run.cfg.run_dir / "final"
-    model = run.generator_model  # full weights on every strategy (pushed after the last update)
-    if run.remote is not None and run.dist.enabled and run.dist.strategy == "fsdp":
-        model = _gathered_policy(run)  # async mode keeps no full copy: gather one, on rank 0 alone
-    if run.dist.is_main:
-        part = out.with_name("final.partial")
-        shutil.rmtree(part, ignore_errors=True)
-        try:
-            if run.cfg.lora.enabled:
-                model.save_pretrained(part / "adapter", safe_serialization=True)
-                if run.cfg.lora.merge_final:
-                    model = model.merge_and_unload()  # training is over: merge in place
-            model.save_pretrained(part, safe_serialization=True)
-            run.tokenizer.save_pretrained(part)
-        except Exception as e:  # a full disk, a lost mount: the finished checkpoint is whole
-            shutil.rmtree(part, ignore_errors=True)
-            raise CheckpointError(f"could not write {out}: {type(e).__name__}: {e}{_disk_full_hint(e, out.parent)}; "
-                                  f"the run's last checkpoint is whole: resume with resume=auto to write final/ "
-                                  f"again") from e
-        faults.in_final()  # tests only
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(part, out)
-    run.dist.barrier()
-    return out

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from gspo import algo
-from gspo.train import async_job, checkpoint
+from gspo.train import async_job, checkpoint, run_state
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
 from gspo.config import Config, objective_args
@@ -383,7 +383,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     state = TrainerState(base_weights=run.base_weights)
     inflight = {}
     if run.resume_from is not None:
-        state = TrainerState(**checkpoint.restore_run(run, run.resume_from))
+        state = TrainerState(**run_state.restore_run(run, run.resume_from))
         check_base_weights(cfg, state.base_weights, run.base_weights)
         inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
         if state.finished and state.rollout < total:  # schedule.rollouts raised: train on from the last rollout
@@ -394,7 +394,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                          if cfg.schedule.lr_schedule == "cosine" else ""))
         if state.finished:
             if d.broadcast_object(not (run_dir / "final").is_dir()):  # killed while writing final/
-                checkpoint.save_final(run)
+                run_state.save_final(run)
                 if d.is_main:
                     print(f"run {run_dir} finished at rollout {state.rollout}; final/ was not whole and is "
                           f"written again from {run.resume_from}")
@@ -437,23 +437,23 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                          {**info, "time/step": time.perf_counter() - t_step}, eval_metrics)
                 stop_now = any_process(stop.signum or 0, d.all_reduce)
                 if state.bad_steps >= cfg.checkpoint.max_bad_steps:             # 4. checkpoint
-                    checkpoint.save_run(run, state)
+                    run_state.save_run(run, state)
                     raise TrainingError(
                         f"{state.bad_steps} optimizer steps in a row had a non-finite loss or gradient norm; "
                         f"stopped and saved the last good state in {run_dir / 'checkpoints'}")
                 if stop_now:
-                    checkpoint.save_run(run, state)
+                    run_state.save_run(run, state)
                     if d.is_main:  # (a console that is off prints plainly: on rank 0 alone)
                         console.print(f"stopped by signal {int(stop_now)} after rollout {state.rollout}; "
                                       f"resume with resume=auto")
                     return run_dir
                 if cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0 and state.rollout < total:
-                    checkpoint.save_run(run, state)
+                    run_state.save_run(run, state)
                     saved = state.step
                 faults.after_rollout(state.rollout)  # tests only
             state.finished = True
-            checkpoint.save_run(run, state)
-            checkpoint.save_final(run)
+            run_state.save_run(run, state)
+            run_state.save_final(run)
     finally:
         console.close()
         if sinks:

@@ -20,7 +20,7 @@ from gspo.rewards import reward_columns
 from gspo.rewards.runner import RewardResult
 from gspo.rewards.shaping import length_limit, overlong_buffer, overlong_penalty
 from gspo.rollout import Rollout, chunk_seed
-from gspo.train import async_job, checkpoint, dynamic
+from gspo.train import async_job, checkpoint, dynamic, run_state
 from gspo.train.plan import any_process
 from gspo.train.run import Run, play_episodes
 
@@ -176,7 +176,7 @@ def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
     if state.rollout == 0:  # nothing to keep
         return
     checkpoint.restore_rng_state(rng)
-    path = checkpoint.save_run(run, state)
+    path = run_state.save_run(run, state)
     if run.dist.is_main:
         print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
               file=sys.stderr)
