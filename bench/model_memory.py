@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -168,12 +169,22 @@ def _reset_hwm() -> bool:
     return _status_kib("VmHWM") - _status_kib("VmRSS") < 4096  # within 4 MiB of VmRSS
 
 
+def _touch_and_unmap(nbytes: int, hold_s: float = 0.0) -> None:
+    """Map `nbytes` of fresh anonymous memory, write every page, hold it `hold_s`, unmap it.
+
+    mmap directly, not through an allocator: glibc, jemalloc and tcmalloc may each serve an
+    allocation from pages a freed block left resident, which the RSS never sees grow."""
+    block = mmap.mmap(-1, nbytes)
+    page = mmap.PAGESIZE
+    for offset in range(0, nbytes, page):
+        block[offset] = 1
+    time.sleep(hold_s)
+    block.close()
+
+
 def _hwm_reset_works() -> bool:
     """Whether writing to clear_refs really lowers VmHWM: touch and free 64 MiB, then reset."""
-    import numpy as np
-
-    block = np.ones(64 * MIB // 8)  # mmap'd (far over any threshold), freed on del
-    del block
+    _touch_and_unmap(64 * MIB)
     return _reset_hwm() and _status_kib("VmHWM") < _status_kib("VmRSS") + 32 * 1024
 
 
