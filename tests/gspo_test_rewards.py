@@ -34,10 +34,10 @@ def always_raises(prompts, completions, **kwargs):
     raise ValueError("this reward function always fails")
 
 
-def count_ones_until_told(prompts, completions, **kwargs):
-    """count_ones, except that call number GSPO_TEST_RAISE_AT raises (calls are counted in the file
+def raise_when_told() -> None:
+    """Count this call; call number GSPO_TEST_RAISE_AT raises (calls are counted in the file
     GSPO_TEST_CALLS_FILE, one per process under torchrun: its name ends in the rank). With
-    GSPO_TEST_RAISE_RANK set, only that rank raises."""
+    GSPO_TEST_RAISE_RANK set, only that rank raises. Without GSPO_TEST_CALLS_FILE: nothing."""
     import os
 
     calls = os.environ.get("GSPO_TEST_CALLS_FILE")
@@ -48,4 +48,9 @@ def count_ones_until_told(prompts, completions, **kwargs):
         open(calls, "w").write(str(n))
         if n == int(os.environ.get("GSPO_TEST_RAISE_AT", "0")) and os.environ.get("GSPO_TEST_RAISE_RANK", rank) == rank:
             raise RuntimeError("the reward service is down")
+
+
+def count_ones_until_told(prompts, completions, **kwargs):
+    """count_ones, except that the call `raise_when_told` picks raises."""
+    raise_when_told()
     return count_ones(prompts, completions)

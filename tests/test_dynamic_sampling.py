@@ -216,6 +216,37 @@ def test_processes_agree_on_the_rounds():
     assert [b["round"] for b in out[1][0][0]] == [1, 2]
 
 
+@pytest.mark.parametrize("failing_round", [0, 1, 2])
+def test_a_round_that_raises_on_one_process_stops_every_process_there(failing_round):
+    """Rank 1's round `failing_round` raises (a reward that raised): both ranks make the same
+    collective calls up to it and raise there, rank 1 its own error and rank 0 ProcessFailed, so
+    neither waits in a collective for the other. Round 2 is the last the cap allows, where no
+    "short anywhere?" check followed the round before this agreement was added."""
+    n, need = 2, 2
+    script = [[1, 1, 1, 1]] * 3  # no signal anywhere: every rank wants all three rounds
+    ranks = SimulatedRanks(n)
+
+    def one(r):
+        def all_reduce(values, op="sum"):
+            return [max(c) if op == "max" else sum(c) for c in zip(*ranks.exchange(r, list(values)))]
+        draw = _draw(script, 2)
+
+        def failing(k):
+            if r == 1 and k == failing_round:
+                raise RuntimeError("the reward service is down")
+            return draw(k)
+        try:
+            _sample(failing, need, max_rounds=3, all_reduce=all_reduce)
+        except Exception as e:  # what each rank raised
+            return e
+        return None
+
+    out = ranks.run(one)
+    assert isinstance(out[0], dynamic.ProcessFailed)
+    assert isinstance(out[1], RuntimeError) and str(out[1]) == "the reward service is down"
+    assert ranks.calls == [failing_round + 1] * 2  # one agreement per round, none after the fault
+
+
 def test_each_round_has_its_own_seed_and_prompts():
     """produce's rounds (`sample_and_score`): round 0 samples from the plain rollout's seed,
     round k from chunk_seed(seed, rollout, k); each takes the prompt stream's next batch."""
@@ -326,7 +357,11 @@ def test_dynamic_run_resumes_exactly(tmp_path, straight):
 
 
 def rank_signal(prompts, completions, signal=None, **kwargs):
-    """The share of '1's where the row's `signal` column is true, else 0.0 (no signal)."""
+    """The share of '1's where the row's `signal` column is true, else 0.0 (no signal); the call
+    that `gspo_test_rewards.raise_when_told` picks raises."""
+    from gspo_test_rewards import raise_when_told
+
+    raise_when_told()
     out = []
     for c, s in zip(completions, signal):
         text = c if isinstance(c, str) else c[-1]["content"]
@@ -334,23 +369,59 @@ def rank_signal(prompts, completions, signal=None, **kwargs):
     return out
 
 
-def test_two_processes_agree_on_rounds_and_keep_their_batch(tmp_path):
-    """torchrun, 2 processes (gloo, FSDP2). Unshuffled, rank 0 gets rows 0-1 of every 4 and rank
-    1 rows 2-3: rank 0's groups never have signal, so it hits the cap (3 rounds) every rollout,
-    and rank 1, which may need fewer, must draw as many (else their collectives would not meet)."""
-    from test_distributed import launch
+def _launch_two(out, name, env_extra=None, *extra):
+    """2 torchrun processes (gloo, FSDP2), unshuffled: rank 0 gets rows 0-1 of every 4, whose
+    groups never have signal, so it hits the cap (3 rounds) every rollout; rank 1 gets rows 2-3."""
+    from test_distributed import RUN, _env
+    from zygote import gspo_torchrun
 
-    data = tmp_path / "rows.jsonl"
+    data = out / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "signal": i % 4 >= 2}) + "\n" for i in range(8)))
-    p = launch(tmp_path, "two", "rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_rounds=3",
-               "schedule.rollouts=2", "eval.enabled=false", f"data.source={data}", "data.shuffle=false",
-               "rewards.functions=[{name: 'test_dynamic_sampling:rank_signal'}]", "distributed.timeout_s=60", nproc=2)
+    args = ["train", *RUN, f"output.dir={out}", f"output.name={name}", "rollout.dynamic_sampling=true",
+            "rollout.dynamic_sampling_max_rounds=3", "schedule.rollouts=3", "eval.enabled=false", f"data.source={data}",
+            "data.shuffle=false", "rewards.functions=[{name: 'test_dynamic_sampling:rank_signal'}]",
+            "distributed.timeout_s=60", "checkpoint.every=0", *extra]
+    return gspo_torchrun(2, args, env={**_env(), **(env_extra or {})}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dyn2")
+    p = _launch_two(out, "two")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    metrics = _rollout_metrics(tmp_path / "two")
-    assert len(metrics) == 2
+    return out / "two"
+
+
+def test_two_processes_agree_on_rounds_and_keep_their_batch(two):
+    """Rank 1, which may need fewer rounds, must draw as many as rank 0 (else their collectives
+    would not meet)."""
+    metrics = _rollout_metrics(two)
+    assert len(metrics) == 3
     for m in metrics:  # 3 rounds x 2 processes x 2 groups; only rank 1's can be kept
         assert (m["dynamic/rounds"], m["dynamic/groups_drawn"]) == (3, 12) and m["dynamic/groups_kept"] <= 2
-    for batch in _groups(tmp_path / "two"):  # both ranks' rows, in rank order: 2 groups each
+    for batch in _groups(two):  # both ranks' rows, in rank order: 2 groups each
         assert len(batch) == 4
         assert all(r["advantage"] == 0 and r["prompt"][0] in "0145" for g in batch[:2] for r in g)  # rank 0's fillers
         assert all(r["prompt"][0] in "2367" for g in batch[2:] for r in g)  # rank 1's
+
+
+def test_a_reward_that_raises_on_one_process_mid_rounds_saves_both_and_resume_is_exact(two, tmp_path):
+    """The reward raises on rank 1 alone in the second round of rollout 2 (its 5th call), with no
+    checkpoint due: both processes stop there together, each saves its part of the state after
+    rollout 1, and resume=auto trains what the uninterrupted run trains, bitwise."""
+    from test_distributed import final
+    from test_resume import metrics_without_timings, sampled_prompts
+
+    env = {"GSPO_TEST_CALLS_FILE": str(tmp_path / "calls"), "GSPO_TEST_RAISE_AT": "5", "GSPO_TEST_RAISE_RANK": "1"}
+    p = _launch_two(tmp_path, "res", env)
+    assert p.returncode != 0 and "the reward service is down" in p.stderr
+    assert "another process failed while rollout 2 was produced" in p.stderr  # rank 0's own stop
+    assert "saved the state after rollout 1" in p.stderr
+    ck = tmp_path / "res" / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "step-2" and (ck / "step-2" / "COMPLETE").is_file()
+    p = _launch_two(tmp_path, "res", env, "resume=auto")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    a, b = final(tmp_path / "res"), final(two)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert metrics_without_timings(tmp_path / "res") == metrics_without_timings(two)
+    assert sampled_prompts(tmp_path / "res") == sampled_prompts(two)

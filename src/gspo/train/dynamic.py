@@ -16,8 +16,9 @@ One rollout, on each process (`sample_with_signal`):
    one sampling without this option would give) and scores them.
 2. Another round follows while ANY process has fewer than B groups with signal, up to
    `rollout.dynamic_sampling_max_rounds` rounds (the first included). Every process draws the
-   same rounds (one `any_process` all-reduce per round), so under torchrun the processes'
-   prompt streams stay in step and they make the same collective calls.
+   same rounds (one all-reduce per round), so under torchrun the processes' prompt streams stay
+   in step and they make the same collective calls; a round that raised on one process stops
+   every process there, together (`draw_rounds`).
 3. The batch is the first B groups with signal in draw order; when the rounds ran out with
    fewer, the first groups without signal fill it up. Fillers have advantage 0 and leave the
    trainer's passes (`schedule.skip_zero_advantage`), but the batch always has exactly B
@@ -40,7 +41,6 @@ import torch
 from gspo import algo
 from gspo.rewards.runner import RewardResult
 from gspo.rollout import Rollout, concat_rollouts
-from gspo.train.plan import any_process
 
 
 @dataclass
@@ -62,17 +62,36 @@ def group_signal(rewards: torch.Tensor, group_size: int, *, scale: str, eps: flo
     return (adv.reshape(-1, group_size) != 0).any(-1).cpu()
 
 
+class ProcessFailed(RuntimeError):
+    """Another process raised while drawing a round of dynamic sampling; this one stops with it
+    (`gspo.train.produce.produce_or_save` saves first)."""
+
+
 def draw_rounds(draw: Callable[[int], Round], *, need: int, max_rounds: int, all_reduce) -> list[Round]:
     """Round 0, then one more while any process has fewer than `need` groups with signal, at
     most `max_rounds` in all. `all_reduce` is the run's (`Dist.all_reduce`): every process
-    makes the same calls and draws the same number of rounds."""
-    rounds = [draw(0)]
-    while len(rounds) < max_rounds:
-        short = sum(int(r.signal.sum()) for r in rounds) < need
-        if not any_process(short, all_reduce):
-            break
-        rounds.append(draw(len(rounds)))
-    return rounds
+    makes the same calls and draws the same number of rounds.
+
+    Each round ends in one all-reduce that also carries whether the round raised on any
+    process (a reward that raised or ran out of time, a tool or data error). Then every process
+    raises together: the one that failed its own error, the others `ProcessFailed`, so none is
+    left waiting in a collective for one that has gone, and `produce_or_save` saves the state
+    before the rollout on every process."""
+    rounds: list[Round] = []
+    while True:
+        fault = None
+        try:
+            rounds.append(draw(len(rounds)))
+        except Exception as e:  # agreed on below
+            fault = e
+        short = fault is None and sum(int(r.signal.sum()) for r in rounds) < need
+        short_any, failed_any = all_reduce([float(short), float(fault is not None)], "max")
+        if fault is not None:
+            raise fault
+        if failed_any:
+            raise ProcessFailed
+        if not short_any or len(rounds) >= max_rounds:
+            return rounds
 
 
 def pick_groups(signals: list[torch.Tensor], need: int) -> list[tuple[int, int]]:

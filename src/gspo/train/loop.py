@@ -30,7 +30,7 @@ from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
 from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rollout import Rollout, chunk_seed
-from gspo.train.produce import (ScoredRollout, TrainingError, can_save_before_fault, produce,  # noqa: F401
+from gspo.train.produce import (ScoredRollout, TrainingError, produce,  # noqa: F401
                                 produce_or_save, sample_and_score, score)  # (some re-exported)
 from gspo.train.resume import check_base_weights
 from gspo.train.run import Run, build_run, push_weights
@@ -419,11 +419,10 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 if sinks:
                     sinks.write({"step": 0, "rollout": 0, **start})
             saved = state.step if run.resume_from is not None else -1  # the step the newest checkpoint holds
-            fault_save = can_save_before_fault(run)
             while state.rollout < total:
                 t_step = time.perf_counter()
-                rng = checkpoint.capture_rng_state() if fault_save and saved != state.step else None
-                scored = produce_or_save(run, state, rng, fault_save)           # 1. episodes, rewards
+                rng = checkpoint.capture_rng_state() if saved != state.step else None
+                scored = produce_or_save(run, state, rng)                       # 1. episodes, rewards
                 steps, info = learn(run, scored, state)                         # 2. π_old, updates, sync
                 state.rollout += 1
                 if run.remote is not None:  # the new weights go out at once; prompts are drawn ahead

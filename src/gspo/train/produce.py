@@ -127,15 +127,7 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
 # ---------------------------------------------------------------- a fault while producing
 
 
-def can_save_before_fault(run: Run) -> bool:
-    """Whether a fault in `produce` can be met by `produce_or_save`: always in one process, and
-    under torchrun where every process reaches the end of `produce` without a collective call on
-    the way. Dynamic sampling's rounds agree across processes inside `produce`, so there a
-    process that raised would leave the others waiting in a collective it never joins."""
-    return not (run.dist.enabled and run.remote is None and run.cfg.rollout.dynamic_sampling)
-
-
-def produce_or_save(run: Run, state: TrainerState, rng: dict | None, fault_save: bool) -> ScoredRollout:
+def produce_or_save(run: Run, state: TrainerState, rng: dict | None) -> ScoredRollout:
     """`produce`, and if it raises (a reward that raised or ran past its deadline under
     rewards.on_error=raise, a tool or data error) the state after the last finished rollout is
     saved before the run stops. The fault comes before any update from the rollout, so that state
@@ -145,20 +137,19 @@ def produce_or_save(run: Run, state: TrainerState, rng: dict | None, fault_save:
     among them (`AsyncRollouts.inflight`); a generator that failed leaves nothing to collect, and
     its run stops on its last checkpoint.
 
-    Under torchrun every process learns whether any one failed (one all-reduce a rollout), so
-    all of them save their part together and stop, instead of waiting in the update's first
-    collective for a process that has gone."""
-    scored, fault = None, None
+    Under torchrun every process learns whether any one failed (one all-reduce a rollout; with
+    dynamic sampling, one a round, `dynamic.draw_rounds`), so all of them save their part
+    together and stop, instead of waiting in the next collective for a process that has gone."""
+    scored, fault, failed = None, None, False
     try:
         scored = produce(run, state)
     except async_job.GeneratorError:  # the rollouts in flight cannot be collected: the last checkpoint stands
         raise
+    except dynamic.ProcessFailed:  # another process raised in a round of dynamic sampling
+        failed = True
     except Exception as e:
-        if not fault_save:
-            raise
-        fault = e
-    failed = fault is not None
-    if fault_save and run.dist.enabled:
+        fault, failed = e, True
+    if run.dist.enabled:
         failed = bool(any_process(failed, run.dist.all_reduce))
     if not failed:
         return scored
