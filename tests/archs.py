@@ -6,6 +6,8 @@ from __future__ import annotations
 import transformers as T
 
 NAMES = ("llama", "mistral", "gemma2", "gpt2")
+# hybrids: a linear-attention layer whose cache is a conv and a recurrent state (no keys/values)
+HYBRIDS = ("qwen3_5",)
 
 
 def build_arch(name: str, vocab: int, tok):
@@ -15,6 +17,10 @@ def build_arch(name: str, vocab: int, tok):
         return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128, **ids))
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, **ids)
+    if name == "qwen3_5":  # Qwen3.5's text model: a gated-delta-net layer, then a full-attention one
+        return T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(
+            head_dim=8, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, **common))
     if name == "llama":
         return T.LlamaForCausalLM(T.LlamaConfig(**common))
     if name == "mistral":  # sliding-window attention shorter than the sequences

@@ -28,7 +28,9 @@ gemma (``<bos>`` then ``<start_of_turn>role\\n...<end_of_turn>\\n``, ``model`` f
 assistant), qwen (ChatML with a default system turn when none is given), gpt2 (none). Every
 template folds a system message into the next user turn except qwen's, which keeps it.
 
-Models (`save_model(dir, family)`): qwen3, qwen3_moe (4 experts, top-2), llama, mistral
+Models (`save_model(dir, family)`): qwen3, qwen3_moe (4 experts, top-2), qwen3_5 (Qwen3.5's hybrid
+text model: a gated-delta-net linear-attention layer, whose cache is a conv and a recurrent
+state, then a full-attention layer), llama, mistral
 (sliding window 16), gemma2 (soft-capping, sliding window 16), gpt2 (learned positions, its
 dropout 0.1); hidden 32, 2 layers, 4 heads over 2 KV heads where the family has GQA, 256
 positions. generation_config: EOS lists for qwen ([<|im_end|>, <|endoftext|>]) and gemma
@@ -49,8 +51,8 @@ import transformers as T
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 STYLES = ("llama", "mistral", "gemma", "qwen", "gpt2")
-FAMILIES = ("qwen3", "qwen3_moe", "llama", "gemma2", "mistral", "gpt2")
-DEFAULT_STYLE = {"qwen3": "qwen", "qwen3_moe": "qwen", "llama": "llama", "gemma2": "gemma",
+FAMILIES = ("qwen3", "qwen3_moe", "qwen3_5", "llama", "gemma2", "mistral", "gpt2")
+DEFAULT_STYLE = {"qwen3": "qwen", "qwen3_moe": "qwen", "qwen3_5": "qwen", "llama": "llama", "gemma2": "gemma",
                  "mistral": "mistral", "gpt2": "gpt2"}
 
 # ------------------------------------------------------------------------------------ templates
@@ -207,6 +209,11 @@ def _config(family: str, vocab: int, special: dict, overrides: dict):
         return T.Qwen3MoeConfig(**{**dense, "head_dim": 8, "tie_word_embeddings": True, "num_experts": 4,
                                    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
                                    "norm_topk_prob": True, **overrides})
+    if family == "qwen3_5":  # a hybrid: a linear-attention layer (conv + recurrent state), then full attention
+        return T.Qwen3_5TextConfig(**{**dense, "head_dim": 8, "tie_word_embeddings": True,
+                                      "layer_types": ["linear_attention", "full_attention"],
+                                      "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+                                      "linear_value_head_dim": 8, **overrides})
     if family == "llama":
         return T.LlamaConfig(**{**dense, **overrides})
     if family == "mistral":  # a sliding window shorter than a chat prompt

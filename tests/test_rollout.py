@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from archs import NAMES, build_arch
+from archs import HYBRIDS, NAMES, build_arch
 
 from gspo.models.logprobs import naive_token_logprobs, token_logprobs
 from gspo.rollout import Generator, Rollout
@@ -361,10 +361,11 @@ def test_inverse_cdf_picks_the_token_under_the_uniform():
     assert (w.gather(1, got[:, None]) > 0).all()
 
 
-@pytest.mark.parametrize("arch", NAMES)
+@pytest.mark.parametrize("arch", NAMES + HYBRIDS)
 def test_decode_on_other_architectures(tok, arch):
     """gspo's decode loop (KV cache, last-position head, rows leaving the batch at EOS) on other
-    decoder families: sampler log-probs equal the trainer's recomputation."""
+    decoder families: sampler log-probs equal the trainer's recomputation. On a hybrid the rows
+    that leave and a group's copies of its prompt are selected in the recurrent states too."""
     from gspo.models import use_cpu_gqa_attention
 
     torch.manual_seed(0)
@@ -377,6 +378,27 @@ def test_decode_on_other_architectures(tok, arch):
     with torch.no_grad():
         lp = token_logprobs(m, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=0.8)
     torch.testing.assert_close(r.sampler_logp, lp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_a_hybrid_models_left_padding_leaves_its_rows_as_they_are_alone(tok, arch):
+    """A linear-attention layer carries a recurrent state through every position, pads included:
+    each row of a left-padded batch gets the log-probs it gets alone, unpadded, in the trainer's
+    forward and in the sampler's (so pi_old, pi_theta and the policy are one distribution)."""
+    torch.manual_seed(0)
+    m = build_arch(arch, len(tok), tok).eval()
+    torch.manual_seed(1)
+    r = HFGenerator(m, tok, max_new_tokens=6, temperature=1.0).generate(PROMPTS, 2)
+    t = r.completion_ids.shape[1]
+    with torch.no_grad():
+        batch = token_logprobs(m, r.input_ids, r.attention_mask, t)
+        for i in range(r.input_ids.shape[0]):
+            keep = r.attention_mask[i].bool()
+            keep[-t:] = True  # the completion's columns (padding after EOS is scored 0 either way)
+            alone = token_logprobs(m, r.input_ids[i, keep][None], r.attention_mask[i, keep][None], t)
+            torch.testing.assert_close(batch[i], alone[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(r.sampler_logp, batch, rtol=0, atol=1e-5)
+    assert (r.attention_mask[:, : r.input_ids.shape[1] - t] == 0).any()  # some rows were padded
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "gpt2"])

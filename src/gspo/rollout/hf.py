@@ -85,6 +85,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
 
     from gspo.models.logprobs import prompt_groups
     from gspo.models import CACHE_KWARG, position_ids_from_mask
+    from gspo.rollout.kv_cache import select_rows
 
     n, device = ids.shape[0], ids.device
     eos = torch.tensor(list(eos_token_ids), device=device)
@@ -100,7 +101,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
                 use_cache=True, logits_to_keep=1)  # the prefill runs each distinct prompt once
     logits = out.logits[inverse]  # (n, 1, V)
     if not torch.equal(first, torch.arange(n, device=first.device)):  # shared prompts, or not in row order
-        cache.batch_select_indices(inverse)  # the cache's rows are the distinct prompts, in sorted order
+        select_rows(cache, inverse)  # the cache's rows are the distinct prompts, in sorted order
     rows = torch.arange(n, device=device)  # rows still decoding, as indices into the batch
     attn, next_pos = mask, pos[:, -1:] + 1
     used = 0
@@ -116,7 +117,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
             if keep.numel() == 0:
                 break
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-            cache.batch_select_indices(keep)
+            select_rows(cache, keep)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
         if on_forward is not None:  # the token drawn at step t sits in column P + t
             on_forward(rows, ids.shape[1] + t, attn.new_ones(attn.shape[0], 1), None)

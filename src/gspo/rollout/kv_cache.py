@@ -1,12 +1,20 @@
 """The decode loop's KV cache (`gspo.rollout.hf.decode`): transformers' DynamicCache with its
 full-attention layers writing into buffers allocated once, instead of concatenating the whole
-cache at every step (O(T^2) copying over a completion; bench/decode_cache.py measures it)."""
+cache at every step (O(T^2) copying over a completion; bench/decode_cache.py measures it), and
+`select_rows`, which keeps a subset of the rows in every kind of layer the cache holds: key/value
+layers and the recurrent states of hybrid models' linear-attention layers (Qwen3.5, Qwen3-Next,
+LFM2, ...)."""
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+try:  # transformers' linear-attention (recurrent state) cache layers
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin as _Recurrent
+except ImportError:  # (a transformers release without hybrid caches)
+    _Recurrent = ()
 
 
 class BufferLayer(DynamicLayer):
@@ -56,3 +64,17 @@ def preallocated_cache(model, capacity: int) -> DynamicCache:
     elif getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
         cache.layer_class_to_replicate = lambda: BufferLayer(capacity)
     return cache
+
+
+def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
+    """Keep rows `indices` (in that order, repeats allowed) of every layer of `cache`.
+
+    transformers' ``Cache.batch_select_indices`` does this for key/value layers only: a
+    linear-attention layer has no such method, and a layer that holds both kinds would keep
+    every row of its recurrent state. Their ``reorder_cache`` selects rows of each state the
+    layer holds (conv, recurrent, and keys/values where it has them), so it serves here."""
+    for layer in cache.layers:
+        if isinstance(layer, _Recurrent):
+            layer.reorder_cache(indices)
+        else:
+            layer.batch_select_indices(indices)
