@@ -162,7 +162,7 @@ def test_gradient_checkpointing_acts_on_a_loaded_checkpoint(saved):
     assert gc_bytes < 0.6 * plain_bytes  # and the activations it kept for backward fell
 
 
-def test_loaded_model_trains_in_eval_mode_except_checkpointing_layers(saved):
+def test_loaded_model_trains_in_eval_mode_checkpointing_layers_included(saved):
     from gspo.models import eval_mode
     from gspo.train.run import build_policy
 
@@ -170,15 +170,52 @@ def test_loaded_model_trains_in_eval_mode_except_checkpointing_layers(saved):
     model, _ = build_policy(load_config(None, [f"model.name_or_path={model_dir}", "model.gradient_checkpointing=true",
                                                "lora.enabled=true"]), torch.device("cpu"))
     training = lambda: {m for m in model.modules() if m.training}  # noqa: E731
-    checkpointing = {m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True}
-    assert set(_layers(model)) <= training() == checkpointing  # the decoder layers (and the model that loops over them)
-    assert not any(isinstance(m, torch.nn.Dropout) or "Attention" in type(m).__name__ for m in training())
+    assert _layers(model) and all(m.gradient_checkpointing is True for m in _layers(model))
+    assert not training()  # (the layers still recompute: test_gradient_checkpointing_acts_on_a_loaded_checkpoint)
+    ids = torch.randint(5, 50, (2, 12))
+    logprobs.token_logprobs(model, ids, torch.ones_like(ids), 6).sum().backward()
+    assert not training()  # not after a checkpointed forward + backward either
     with eval_mode(model):
         assert not training()
-    assert training() == checkpointing  # each module's own mode restored
+    assert not training()
     model, _ = build_policy(load_config(None, [f"model.name_or_path={model_dir}", "model.dropout=true"]),
                             torch.device("cpu"))
     assert all(m.training for m in model.modules())
+
+
+def test_checkpointed_layers_with_a_dropout_of_their_own_run_without_it(tmp_path, saved):
+    """OPT's decoder layer applies its dropout (0.1 in the checkpoint) itself, by its own training
+    flag, which transformers also reads to decide to checkpoint the layer: under
+    model.gradient_checkpointing the trainer's log-probs (pi_old, no grad; pi_theta, with grad)
+    are the sampler's, and the gradient is the one without checkpointing. A deep copy of the
+    policy (the KL reference) runs its own layers."""
+    import copy
+
+    from gspo.train.run import build_policy
+
+    model_dir = saved("opt")
+    run_dir = train(tmp_path, model_dir, "model.gradient_checkpointing=true", "rollout.old_logp=trainer",
+                    "eval.enabled=false")
+    first = records(run_dir)[0]
+    assert first["mismatch/token_abs_max"] < 1e-5  # the pi_old pass ran no dropout
+    assert abs(first["ratio/seq_min"] - 1) < 1e-6 and abs(first["ratio/seq_max"] - 1) < 1e-6  # nor the update
+
+    cfg = [f"model.name_or_path={model_dir}"]
+    plain, _ = build_policy(load_config(None, cfg), torch.device("cpu"))
+    checkpointed, _ = build_policy(load_config(None, [*cfg, "model.gradient_checkpointing=true"]), torch.device("cpu"))
+    ids = torch.randint(5, 50, (3, 16))
+    grads = []
+    for model in (plain, checkpointed):
+        lp = logprobs.token_logprobs(model, ids, torch.ones_like(ids), 8)
+        lp.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    reference = copy.deepcopy(checkpointed)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        assert not torch.allclose(logprobs.token_logprobs(reference, ids, torch.ones_like(ids), 8),
+                                  logprobs.token_logprobs(checkpointed, ids, torch.ones_like(ids), 8))
 
 
 @pytest.mark.parametrize("family,extra", [("qwen3", ["lora.enabled=true", "lora.r=4"]), ("gpt2", [])])

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+import types
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -175,20 +176,54 @@ def set_trainer_mode(model, *, dropout: bool) -> None:
     """The mode of every trainer pass (the pi_old pass and the update passes), set once.
 
     Without `dropout` (the default), every module is in eval mode, as in the sampler: dropout
-    and any other training-only noise (router jitter) would make pi_theta differ from pi_old
-    on the very same weights, and that noise enters the ratio s_i, whose clip range is 3e-4
-    (GSPO.md, §5.1). Layers that checkpoint their activations are the exception: transformers
-    recomputes a layer only in training mode, so those layers alone (not their children) are
-    put in training mode, and `set_activation_checkpointing` then acts on a loaded checkpoint
-    as on a built one. With `dropout`, the whole model is in training mode (the checkpoint's
-    dropout acts in every trainer pass; the sampler stays in eval mode, see `eval_mode`)."""
+    and any other training-only noise (router jitter, layer drop) would make pi_theta differ
+    from pi_old on the very same weights, and that noise enters the ratio s_i, whose clip range
+    is 3e-4 (GSPO.md, §5.1). Layers that checkpoint their activations stay in eval mode too and
+    still recompute (`_checkpoint_in_eval_mode`), so `set_activation_checkpointing` acts on a
+    loaded checkpoint as on a built one. With `dropout`, the whole model is in training mode
+    (the checkpoint's dropout acts in every trainer pass; the sampler stays in eval mode, see
+    `eval_mode`)."""
     if dropout:
         model.train()
         return
     model.eval()
     for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True:
-            m.training = True
+        if getattr(m, "gradient_checkpointing", False) is True and hasattr(m, "_gradient_checkpointing_func"):
+            _checkpoint_in_eval_mode(m)
+
+
+def _checkpoint_in_eval_mode(layer) -> None:
+    """Let `layer` (a transformers GradientCheckpointingLayer) recompute its activations in the
+    backward pass while it stays in eval mode.
+
+    transformers checkpoints a layer only when the layer's own `training` flag is set, and some
+    families read that same flag in the layer's forward for a dropout of their own (functional
+    dropout, not a child module: OPT, BioGPT, XGLM, DBRX's block), which would then act in the
+    trainer's passes, under no_grad (pi_old) as well as with grad. Here the flag is set only for
+    transformers' decision, only when there is a backward to recompute for, and the function
+    that is checkpointed runs with it off. Both are bound methods of the layer, so that a deep
+    copy of the model (the KL reference) runs its own layers."""
+    if getattr(layer._gradient_checkpointing_func, "__func__", None) is _run_checkpointed_in_eval_mode:
+        return
+    layer._gspo_checkpoint = layer._gradient_checkpointing_func
+    layer._gradient_checkpointing_func = types.MethodType(_run_checkpointed_in_eval_mode, layer)
+    layer.forward = types.MethodType(_forward_deciding_checkpoint, layer)
+
+
+def _forward_deciding_checkpoint(layer, *args, **kwargs):
+    layer.training = torch.is_grad_enabled() and layer.gradient_checkpointing is True
+    try:
+        return type(layer).forward(layer, *args, **kwargs)
+    finally:
+        layer.training = False
+
+
+def _run_checkpointed_in_eval_mode(layer, function, *args, **kwargs):
+    def in_eval_mode(*a, **k):
+        layer.training = False  # (the forward, and its recompute in the backward pass)
+        return function(*a, **k)
+
+    return layer._gspo_checkpoint(in_eval_mode, *args, **kwargs)
 
 
 @contextmanager
