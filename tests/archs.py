@@ -6,8 +6,10 @@ from __future__ import annotations
 import transformers as T
 
 NAMES = ("llama", "mistral", "gemma2", "gpt2")
-# hybrids: a linear-attention layer whose cache is a conv and a recurrent state (no keys/values)
-HYBRIDS = ("qwen3_5",)
+# hybrids: Qwen3.5 has a linear-attention layer whose cache is a conv and a recurrent state (no
+# keys/values) beside an attention layer; in Falcon-H1 every layer runs a state-space mixer and
+# attention side by side, so each cache layer holds both kinds of state
+HYBRIDS = ("qwen3_5", "falcon_h1")
 
 
 def build_arch(name: str, vocab: int, tok):
@@ -21,6 +23,9 @@ def build_arch(name: str, vocab: int, tok):
         return T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(
             head_dim=8, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
             linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, **common))
+    if name == "falcon_h1":
+        return T.FalconH1ForCausalLM(T.FalconH1Config(head_dim=8, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=1,
+                                                      mamba_d_state=16, mamba_d_ssm=64, **common))
     if name == "llama":
         return T.LlamaForCausalLM(T.LlamaConfig(**common))
     if name == "mistral":  # sliding-window attention shorter than the sequences

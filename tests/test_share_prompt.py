@@ -4,7 +4,7 @@ that keeps groups together (`schedule.minibatch_by=group`)."""
 
 import pytest
 import torch
-from archs import NAMES, build_arch
+from archs import HYBRIDS, NAMES, build_arch
 
 import gspo.models.logprobs
 from gspo.models.logprobs import LogprobModule, naive_token_logprobs, prompt_share_plan, token_logprobs
@@ -247,3 +247,24 @@ def test_trainer_shares_unless_told_not_to(tmp_path):
             assert (ctx.routes is not None) == ("tiny.moe=true" in extra)
         finally:
             ctx.close()
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_a_hybrid_model_runs_every_row_whole_in_the_trainer(tok, name):
+    """A cache layer with a recurrent state (a linear-attention or state-space mixer, alone or
+    beside keys and values) is not shared: the trainer's call runs every row whole, with the
+    numbers and the gradient of the plain forward (sharing used to raise on Falcon-H1, whose
+    layers hold both kinds of state)."""
+    model = _model(name, tok)
+    ids, mask = _grouped_batch(len(tok))
+    t = 6
+    assert gspo.models.logprobs._share_plan(model, ids, mask, t) is None
+    shared = token_logprobs(model, ids, mask, t, share_prompt=True, decided=None)
+    shared.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    plain = naive_token_logprobs(model, ids, mask, t)
+    plain.sum().backward()
+    torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)

@@ -387,6 +387,17 @@ CACHE_KWARG = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
 _ACTIVATION_CHECKPOINTING = _TRANSFORMERS >= (5, 23)
 
 
+def holds_recurrent_state(cache_layer) -> bool:
+    """Whether a layer of a transformers cache holds a recurrent state (the conv and recurrent
+    states of a linear-attention or state-space layer, alone or beside keys and values), whose
+    rows transformers' ``batch_select_indices`` does not select."""
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # (a transformers release without hybrid caches)
+        return False
+    return isinstance(cache_layer, LinearAttentionCacheLayerMixin)
+
+
 def set_activation_checkpointing(model, enabled: bool) -> None:
     """Recompute each layer's activations in the backward pass (non-reentrant), or stop."""
     kwargs = {"use_reentrant": False}

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import torch
 
 from gspo.config import ModelConfig, RolloutConfig
-from gspo.models import CACHE_KWARG, base_model, eval_mode, is_activation_checkpointing, position_ids_from_mask
+from gspo.models import (CACHE_KWARG, base_model, eval_mode, holds_recurrent_state, is_activation_checkpointing,
+                         position_ids_from_mask)
 from gspo.models.lm_head import head_logprobs, softmax_entropy, transform_logits
 
 # ----------------------------------------------------------------------------- hidden states
@@ -176,8 +177,8 @@ def _share_plan(model, input_ids, attention_mask, completion_len: int, min_work:
     if _decoder_body(model) is None or is_activation_checkpointing(model):
         return None  # (checkpointed layers drop the cache)
     cache = DynamicCache(config=_text_config(base_model(model)))
-    if not all(isinstance(layer, DynamicLayer) for layer in cache.layers):
-        return None  # attention key/value caches only (full or sliding), not recurrent states
+    if not all(isinstance(layer, DynamicLayer) and not holds_recurrent_state(layer) for layer in cache.layers):
+        return None  # attention key/value caches only (full or sliding), not recurrent states (hybrids)
     return prompt_share_plan(input_ids, attention_mask, completion_len, share_min_saved(model, min_work))
 
 

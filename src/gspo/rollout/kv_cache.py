@@ -11,10 +11,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-try:  # transformers' linear-attention (recurrent state) cache layers
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin as _Recurrent
-except ImportError:  # (a transformers release without hybrid caches)
-    _Recurrent = ()
+from gspo.models import holds_recurrent_state
 
 
 class BufferLayer(DynamicLayer):
@@ -74,7 +71,7 @@ def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
     every row of its recurrent state. Their ``reorder_cache`` selects rows of each state the
     layer holds (conv, recurrent, and keys/values where it has them), so it serves here."""
     for layer in cache.layers:
-        if isinstance(layer, _Recurrent):
+        if holds_recurrent_state(layer):
             layer.reorder_cache(indices)
         else:
             layer.batch_select_indices(indices)
