@@ -96,7 +96,8 @@ class DataConfig:
                                      "split of eval.num_prompts prompts")
     eval_split: Optional[str] = doc(None, "split of data.eval_source when it is a DatasetDict (default: train), "
                                     "e.g. test")
-    max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count")
+    max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count (fewer "
+                                      "where a learned position table leaves less room beside the completion)")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded); false: file order, each epoch starting where "
                         "the last stopped")
 

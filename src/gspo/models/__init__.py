@@ -387,6 +387,24 @@ CACHE_KWARG = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
 _ACTIVATION_CHECKPOINTING = _TRANSFORMERS >= (5, 23)
 
 
+def position_limit(model) -> int | None:
+    """The longest sequence `model` can run at all, where that is a hard limit: the size of a
+    learned table of absolute positions (GPT-2's ``wpe``, OPT's and BioGPT's ``embed_positions``,
+    GPT-BigCode, GPT-Neo), past which its embedding lookup fails. None for relative positions
+    (RoPE, ALiBi), which run at any length (past the trained one, at the model's own risk)."""
+    base = base_model(model)
+    table = any(isinstance(m, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in _POSITION_TABLES
+                for name, m in base.named_modules())
+    if not table:
+        return None
+    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(limit) if limit else None
+
+
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+
+
 def holds_recurrent_state(cache_layer) -> bool:
     """Whether a layer of a transformers cache holds a recurrent state (the conv and recurrent
     states of a linear-attention or state-space layer, alone or beside keys and values), whose

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from gspo.config import Config
+from gspo.config import Config, ConfigError
 from gspo.data import DataError, filter_long_prompts, load_rows
+from gspo.rewards.shaping import length_limit
 from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
 
 
@@ -63,16 +64,39 @@ def enough_rows(cfg: Config, n: int, which: str = "") -> None:
                         f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}")
 
 
-def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True) -> list[dict]:
+def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
+    """The most tokens a kept prompt may have, and why: data.max_prompt_tokens, or less where the
+    model has `positions` learned positions (`gspo.models.position_limit`) and a prompt of
+    data.max_prompt_tokens would not leave room for the completion (rollout.max_new_tokens, or an
+    episode's rollout.max_episode_tokens). A completion budget that leaves no room for any prompt
+    is one error naming its field."""
+    cap, why = cfg.data.max_prompt_tokens, f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+    if positions is None:
+        return cap, why
+    r = cfg.rollout
+    budget = length_limit(r)
+    field = ("rollout.max_episode_tokens" if r.max_episode_tokens else "rollout.max_turns x rollout.max_new_tokens") \
+        if (r.tools or r.environment) else "rollout.max_new_tokens"
+    if budget >= positions:
+        raise ConfigError(f"config field '{field.split(' ')[0]}': {cfg.model.name_or_path} has {positions} learned "
+                          f"positions, and {field} = {budget} completion tokens leave no room for a prompt; "
+                          f"set it below {positions}")
+    if positions - budget < cap:
+        cap, why = positions - budget, f"the model's {positions} learned positions less {field} = {budget}"
+    return cap, why
+
+
+def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True,
+                    positions: int | None = None) -> list[dict]:
     """The rows whose prompt (with the tools' schemas of an episode) fits data.max_prompt_tokens,
-    saying how many were dropped; one error when none fits. Training and `gspo eval` alike."""
-    rows, dropped = filter_long_prompts(rows, tok, cfg.data.max_prompt_tokens, schemas)
+    or the room the model's learned positions leave (`prompt_cap`), saying how many were dropped;
+    one error when none fits. Training and `gspo eval` alike."""
+    cap, why = prompt_cap(cfg, positions)
+    rows, dropped = filter_long_prompts(rows, tok, cap, schemas)
     if dropped and say:
-        print(f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-              file=sys.stderr)
+        print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)
     if not rows:
-        raise DataError(f"data.source {cfg.data.source}: no prompt fits data.max_prompt_tokens="
-                        f"{cfg.data.max_prompt_tokens}")
+        raise DataError(f"data.source {cfg.data.source}: no prompt fits in {cap} tokens ({why})")
     return rows
 
 

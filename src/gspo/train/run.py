@@ -23,9 +23,10 @@ from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import needs_reference, records_routes, runs_model_code
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
-from gspo.train.prompts import check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, say_held_out
+from gspo.train.prompts import (check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
+                                say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
-from gspo.models import (half_precision_warnings, load_policy, resolve_device, set_activation_checkpointing,
+from gspo.models import (half_precision_warnings, load_policy, position_limit, resolve_device, set_activation_checkpointing,
                          set_trainer_mode, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
@@ -359,9 +360,11 @@ def build_run(cfg: Config) -> Run:
                     "rollout.mixed_precision": cfg.rollout.mixed_precision}
         for line in half_precision_warnings(settings, d.device):
             print(f"warning: {line}", file=sys.stderr)
-    rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main)
-    eval_rows, _ = filter_long_prompts(eval_rows, tok, cfg.data.max_prompt_tokens, schemas) if eval_rows else ([], 0)
-    enough_rows(cfg, len(rows), f" of {cfg.data.max_prompt_tokens} tokens or fewer (data.max_prompt_tokens)")
+    positions = position_limit(model)  # a learned position table: prompt + completion must fit in it
+    rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, positions=positions)
+    cap, why = prompt_cap(cfg, positions)
+    eval_rows, _ = filter_long_prompts(eval_rows, tok, cap, schemas) if eval_rows else ([], 0)
+    enough_rows(cfg, len(rows), f" of {cap} tokens or fewer ({why})")
     if d.is_main:
         say_held_out(cfg, eval_rows)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
