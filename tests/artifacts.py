@@ -53,7 +53,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 STYLES = ("llama", "mistral", "gemma", "qwen", "gpt2")
 FAMILIES = ("qwen3", "qwen3_moe", "qwen3_5", "llama", "gemma2", "mistral", "gpt2")
 DEFAULT_STYLE = {"qwen3": "qwen", "qwen3_moe": "qwen", "qwen3_5": "qwen", "llama": "llama", "gemma2": "gemma",
-                 "mistral": "mistral", "gpt2": "gpt2", "opt": "gpt2"}
+                 "mistral": "mistral", "gpt2": "gpt2", "opt": "gpt2", "minimax": "qwen"}
 
 # ------------------------------------------------------------------------------------ templates
 # (written as single lines: transformers renders templates with trim_blocks=True; "\\n" is a
@@ -220,6 +220,9 @@ def _config(family: str, vocab: int, special: dict, overrides: dict):
         return T.MistralConfig(**{**dense, "sliding_window": 16, **overrides})
     if family == "gemma2":  # logit soft-capping, sliding and global layers alternating
         return T.Gemma2Config(**{**dense, "head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 16, **overrides})
+    if family == "minimax":  # MiniMax-Text: lightning (linear) attention, then full attention; a cache class of its own
+        return T.MiniMaxConfig(**{**dense, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                  "layer_types": ["linear_attention", "full_attention"], **overrides})
     if family == "opt":  # OPT's decoder layers apply their dropout (0.1 here) themselves, not as a module
         return T.OPTConfig(**{"vocab_size": vocab, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2,
                               "num_attention_heads": 4, "max_position_embeddings": 256, "word_embed_proj_dim": 32,

@@ -379,3 +379,21 @@ def test_a_learned_position_table_caps_prompt_and_completion_before_any_rollout(
         capsys.readouterr().err
     assert [r for r in records(tmp_path / "b") if "loss" in r]
     assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "4", "--max-new-tokens", "16"]) == 0
+
+
+def test_a_model_with_a_cache_class_of_its_own_is_sent_to_generate(tmp_path, saved, capsys):
+    """MiniMax-Text keeps its linear-attention state in a cache class of its own: gspo's decode loop
+    is refused at start-up with the setting that works, and transformers' generate then samples.
+    The trainer's calls run every row whole (no shared prompt), and pi_old is a trainer pass (a
+    MoE whose routes the sampler does not record), so the first minibatch is on-policy; the
+    sampler's gap on left-padded rows (transformers' lightning attention, ~1e-3) is logged."""
+    model_dir = saved("minimax")
+    capsys.readouterr()
+    assert main(["train", f"model.name_or_path={model_dir}", *SMALL, f"output.dir={tmp_path}", "output.name=a"]) == 2
+    err = capsys.readouterr().err
+    assert "'rollout.decode'" in err and "rollout.decode=generate" in err and "Traceback" not in err
+    run_dir = train(tmp_path, model_dir, "rollout.decode=generate", "model.share_prompt_min_work=0",
+                    "eval.enabled=false", name="b")
+    first = next(r for r in records(run_dir) if "loss" in r)
+    assert first["mismatch/token_abs_max"] < 1e-2
+    assert abs(first["ratio/seq_min"] - 1) < 1e-6 and abs(first["ratio/seq_max"] - 1) < 1e-6

@@ -405,6 +405,14 @@ def position_limit(model) -> int | None:
 _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
 
 
+def takes_dynamic_cache(model) -> bool:
+    """Whether `model`'s forward takes a transformers DynamicCache. A family with a cache class of
+    its own (MiniMax-Text's linear-attention state) refuses any other and builds its own when it
+    is given none, as transformers' ``generate`` lets it."""
+    supports = getattr(type(base_model(model)), "_supports_default_dynamic_cache", None)
+    return not callable(supports) or bool(supports())
+
+
 def holds_recurrent_state(cache_layer) -> bool:
     """Whether a layer of a transformers cache holds a recurrent state (the conv and recurrent
     states of a linear-attention or state-space layer, alone or beside keys and values), whose

@@ -21,7 +21,7 @@ import torch
 
 from gspo.config import ModelConfig, RolloutConfig
 from gspo.models import (CACHE_KWARG, base_model, eval_mode, holds_recurrent_state, is_activation_checkpointing,
-                         position_ids_from_mask)
+                         position_ids_from_mask, takes_dynamic_cache)
 from gspo.models.lm_head import head_logprobs, softmax_entropy, transform_logits
 
 # ----------------------------------------------------------------------------- hidden states
@@ -174,8 +174,8 @@ def _share_plan(model, input_ids, attention_mask, completion_len: int, min_work:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    if _decoder_body(model) is None or is_activation_checkpointing(model):
-        return None  # (checkpointed layers drop the cache)
+    if _decoder_body(model) is None or is_activation_checkpointing(model) or not takes_dynamic_cache(model):
+        return None  # (checkpointed layers drop the cache; a family's own cache class is not one to share)
     cache = DynamicCache(config=_text_config(base_model(model)))
     if not all(isinstance(layer, DynamicLayer) and not holds_recurrent_state(layer) for layer in cache.layers):
         return None  # attention key/value caches only (full or sliding), not recurrent states (hybrids)

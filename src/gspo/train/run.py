@@ -26,8 +26,8 @@ from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
                                 say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
-from gspo.models import (half_precision_warnings, load_policy, position_limit, resolve_device, set_activation_checkpointing,
-                         set_trainer_mode, use_cpu_gqa_attention)
+from gspo.models import (base_model, half_precision_warnings, load_policy, position_limit, resolve_device,
+                         set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
 from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
@@ -360,6 +360,10 @@ def build_run(cfg: Config) -> Run:
                     "rollout.mixed_precision": cfg.rollout.mixed_precision}
         for line in half_precision_warnings(settings, d.device):
             print(f"warning: {line}", file=sys.stderr)
+    if cfg.rollout.backend == "hf" and cfg.rollout.decode == "gspo" and not takes_dynamic_cache(model):
+        raise ConfigError(f"config field 'rollout.decode': {type(base_model(model)).__name__} keeps its decode state "
+                          "in a cache class of its own, which gspo's decode loop does not drive; set "
+                          "rollout.decode=generate (transformers' generate, with the same sampling rule)")
     positions = position_limit(model)  # a learned position table: prompt + completion must fit in it
     rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, positions=positions)
     cap, why = prompt_cap(cfg, positions)
