@@ -273,6 +273,24 @@ def test_replay_needs_the_trainer_pass_and_a_moe_model(tmp_path):
         train(load_config(None, [*dense, "algo.routing_replay=true", f"output.dir={tmp_path}"]))
 
 
+def test_a_moe_whose_routers_gspo_cannot_hook_is_named_as_one(tmp_path):
+    """JetMoE's experts are routed by a module that is not transformers' TopKRouter: the error says
+    the model is a MoE whose routers gspo cannot hook, not that it has none."""
+    import transformers as T
+
+    from gspo.models.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    model = T.JetMoeForCausalLM(T.JetMoeConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                                               num_key_value_heads=2, kv_channels=8, intermediate_size=32,
+                                               num_local_experts=4, num_experts_per_tok=2))
+    model.save_pretrained(tmp_path / "jetmoe")
+    tok.save_pretrained(tmp_path / "jetmoe")
+    with pytest.raises(ConfigError, match=r"algo.routing_replay.*finds no router it can hook in this MoE \(JetMoe"):
+        train(load_config(None, [f"model.name_or_path={tmp_path / 'jetmoe'}", "algo.routing_replay=true",
+                                 f"output.dir={tmp_path}", "rollout.prompts_per_step=2"]))
+
+
 def test_moe_stability_reproduction_quick(tmp_path):
     """The reproduction script end to end at its smallest: 3 algorithms, a table and a report."""
     from script_module import load_script

@@ -49,6 +49,17 @@ def find_routers(model) -> list[torch.nn.Module]:
             if type(m).__name__.lower().endswith("topkrouter") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
 
 
+def no_routers(model) -> str:
+    """Why `find_routers` found none, for an error message: a dense model, or a MoE whose routers
+    are not transformers' TopKRouter modules (HunYuan-MoE, JetMoE, DBRX), which gspo cannot hook."""
+    moe = sorted({type(m).__name__ for m in model.modules()
+                  if any(w in type(m).__name__.lower() for w in ("moe", "expert", "router"))})
+    if not moe:
+        return "the model has no MoE routers"
+    return (f"gspo finds no router it can hook in this MoE ({', '.join(moe[:4])}): it hooks transformers' "
+            "TopKRouter modules (Qwen-MoE, Mixtral, OLMoE, DeepSeek, GLM-MoE, gpt-oss, ...)")
+
+
 def _replay_scores(router, logits: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Gate weights of the experts `idx` (n, k) from the router logits (n, E): softmax over all
     experts, then renormalised over the chosen k when the router does that."""

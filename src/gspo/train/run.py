@@ -34,7 +34,7 @@ from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout.hf import HFGenerator
 from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call_ids
 from gspo.rollout.tools import ToolRunner, load_environment, load_tools
-from gspo.models.routing import RouteTracker, find_routers
+from gspo.models.routing import RouteTracker, find_routers, no_routers
 from gspo.tasks import TASKS, TASK_CHARS
 
 
@@ -385,10 +385,10 @@ def build_run(cfg: Config) -> Run:
     sampler_routes = old_logp == "sampler" and records_routes(cfg) and has_routers
     routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
     if cfg.algo.routing_replay and not (routes and routes.active):
-        raise ConfigError("config field 'algo.routing_replay': the model has no MoE routers to replay")
+        raise ConfigError(f"config field 'algo.routing_replay': no routes to replay: {no_routers(model)}")
     if cfg.algo.router_aux_loss_coef > 0:
         if not has_routers:
-            raise ConfigError("config field 'algo.router_aux_loss_coef': the model has no MoE routers to balance")
+            raise ConfigError(f"config field 'algo.router_aux_loss_coef': no routers to balance: {no_routers(model)}")
         routes = routes or RouteTracker(model)  # (its hooks see every router call of the update pass)
         routes.aux = True
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
