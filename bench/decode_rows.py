@@ -61,7 +61,7 @@ def measure(cell: str, rows: list[int], steps: int, rounds: int, threads: int | 
     from gspo.config import Config
     from gspo.models import load_policy, use_cpu_gqa_attention
     from gspo.rollout.hf import decode
-    from gspo.train.run import setup_threads, threads_for_model
+    from gspo.train.threads import setup_threads, threads_for_model
 
     with tempfile.TemporaryDirectory(prefix="decode-rows-") as tmp:
         build_model_dir(Path(tmp), GRID[cell])

@@ -12,7 +12,7 @@ where the CPU has it) at the shapes the measured model runs (tokens x hidden tim
 hidden x {hidden, hidden/2 (k, v), intermediate}, intermediate x hidden, their backward
 counterparts dX = dY W and dW = X^T dY, and the LM head), plus (2048 x hidden) x (hidden x
 4 hidden) and a 2048^3 square, with the torch thread count the step runs with (the library
-default: 1 thread on <= 4 cores, every core for a compute-bound model: gspo.train.run.setup_threads
+default: 1 thread on <= 4 cores, every core for a compute-bound model: gspo.train.threads.setup_threads
 and threads_for_model). Each shape is timed in blocks of
 >= --mm-seconds; its figure is its best block; the peak is the best shape.
 
@@ -114,7 +114,7 @@ def matmul_peak(shapes, seconds: float = 0.5, blocks: int = 3, dtype=None) -> li
 def run(args, overrides: list[str]) -> dict:
     import torch
 
-    from gspo.train.run import setup_threads
+    from gspo.train.threads import setup_threads
 
     threads = setup_threads(args.threads)
     t_start = time.perf_counter()

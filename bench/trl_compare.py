@@ -47,7 +47,7 @@ mean completion length of each side is reported, and so are completion tokens/s.
 Measurement. Each (framework, round) cell is a fresh subprocess (bench/trl_cells.py) with
 OMP_WAIT_POLICY=PASSIVE; TRL runs at each of --trl-threads torch threads (default 1) and each round
 takes its fastest, gspo at its own default (1 thread on <= 4 cores, every core for a model of
->= 0.75M weights in a decoder layer or the LM head: gspo.train.run.threads_for_model). Start-up (imports, model load, trainer set-up) and
+>= 0.75M weights in a decoder layer or the LM head: gspo.train.threads.threads_for_model). Start-up (imports, model load, trainer set-up) and
 --warmup rollouts are not timed; then --rollouts rollouts are. A rollout's wall time runs from the
 end of one rollout to the end of the next: generation, reward, pi_old pass, the M optimizer steps
 and the framework's own bookkeeping between them. TRL: timestamps at on_step_end of every M-th

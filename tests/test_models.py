@@ -458,7 +458,7 @@ def test_a_large_vocabulary_makes_a_small_model_compute_bound(monkeypatch, tie):
     same body with 1,000 tokens (0.13M head weights) keeps one."""
     from gspo.config import Config
     from gspo.models.logprobs import layer_weights
-    from gspo.train.run import COMPUTE_BOUND_LAYER_WEIGHTS, compute_weights, threads_for_model
+    from gspo.train.threads import COMPUTE_BOUND_LAYER_WEIGHTS, compute_weights, threads_for_model
 
     big, small = _qwen3(32_000, tie=tie), _qwen3(1_000, tie=tie)
     layer = layer_weights(small, active=False)

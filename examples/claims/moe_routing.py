@@ -135,7 +135,7 @@ def warm_up(a, seed: int) -> Path:
     if not (warm / "config.json").exists():
         code = ("from gspo.config import load_config; from gspo.demo import warmup; "
                 "from gspo.train.prompts import load_prompt_rows; "
-                "from gspo.train.run import build_policy, seed_everything, setup_threads; "
+                "from gspo.train.run import build_policy, seed_everything; from gspo.train.threads import setup_threads; "
                 f"cfg = load_config(None, {[*base_overrides(a), f'seed={seed}']!r}); setup_threads(1); "
                 "seed_everything(cfg.seed); m, t = build_policy(cfg); rows, _ = load_prompt_rows(cfg); "
                 f"routers = [p for n, p in m.named_parameters() if n.endswith('mlp.gate.weight')] if {a.freeze_router} else []; "

@@ -44,7 +44,8 @@ def main(argv=None) -> list[dict]:
     from gspo.report.sinks import read_metrics
     from gspo.report.html import make_report
     from gspo.train.prompts import load_prompt_rows
-    from gspo.train.run import build_policy, seed_everything, setup_threads
+    from gspo.train.run import build_policy, seed_everything
+    from gspo.train.threads import setup_threads
     from gspo.train import train
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

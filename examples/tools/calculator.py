@@ -137,7 +137,7 @@ def main(argv=None) -> list[dict]:
     a = p.parse_args(argv)
     if a.quick:
         a.seeds, a.rollouts, a.warmup_steps, a.eval_every = 1, 2, 5, 0
-    from gspo.train.run import setup_threads
+    from gspo.train.threads import setup_threads
 
     setup_threads(0)
     out = Path(a.out)

@@ -49,8 +49,9 @@ def cmd_eval(args) -> int:
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.prompts import fitting_prompts, load_prompt_rows
-    from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs, setup_threads
+    from gspo.train.prompts import fitting_prompts, load_prompt_rows, prompt_cap
+    from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs
+    from gspo.train.threads import setup_threads
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
              "rollout.max_new_tokens": args.max_new_tokens}  # unset flags keep the config's values
@@ -73,7 +74,8 @@ def cmd_eval(args) -> int:
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
     schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])
-    rows = fitting_prompts(cfg, rows, tok, schemas, positions=position_limit(model))[: cfg.eval.num_prompts]  # as training does
+    cap = prompt_cap(cfg, position_limit(model))
+    rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap)[: cfg.eval.num_prompts]  # as training does
     rw = cfg.rewards
     with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:

@@ -20,7 +20,8 @@ import torch
 from gspo.config import load_config
 from gspo.data import encode_texts
 from gspo.train.prompts import load_prompt_rows
-from gspo.train.run import build_run, seed_everything, setup_threads
+from gspo.train.run import build_run, seed_everything
+from gspo.train.threads import setup_threads
 
 # The demo's GSPO phase. Everything else is the library's default (GSPO, paper clip ranges,
 # 4 minibatches per rollout).

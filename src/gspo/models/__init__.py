@@ -186,9 +186,11 @@ def set_trainer_mode(model, *, dropout: bool) -> None:
     if dropout:
         model.train()
         return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     model.eval()
-    for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True and hasattr(m, "_gradient_checkpointing_func"):
+    for m in model.modules():  # (the model modules that loop over the layers need no training flag to checkpoint)
+        if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing is True:
             _checkpoint_in_eval_mode(m)
 
 
@@ -387,6 +389,9 @@ CACHE_KWARG = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
 _ACTIVATION_CHECKPOINTING = _TRANSFORMERS >= (5, 23)
 
 
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")  # learned absolute positions' module names
+
+
 def position_limit(model) -> int | None:
     """The longest sequence `model` can run at all, where that is a hard limit: the size of a
     learned table of absolute positions (GPT-2's ``wpe``, OPT's and BioGPT's ``embed_positions``,
@@ -400,9 +405,6 @@ def position_limit(model) -> int | None:
     config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return int(limit) if limit else None
-
-
-_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
 
 
 def takes_dynamic_cache(model) -> bool:

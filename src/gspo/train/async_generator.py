@@ -52,8 +52,8 @@ def serve(cfg: Config) -> None:
     from gspo.models.routing import RouteTracker, find_routers
     from gspo.rewards.runner import ignore_stop_signals
     from gspo.train.distributed import Dist
-    from gspo.train.run import (_vllm_generator, build_policy, episode_tools, hf_generator, play_episodes,
-                                seed_everything, setup_threads)
+    from gspo.train.run import _vllm_generator, build_policy, episode_tools, hf_generator, play_episodes, seed_everything
+    from gspo.train.threads import setup_threads
 
     spawned = bool(os.environ.get(ROLE_ENV))
     timeout = _timeout(cfg)

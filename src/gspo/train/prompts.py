@@ -75,8 +75,9 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
         return cap, why
     r = cfg.rollout
     budget = length_limit(r)
-    field = ("rollout.max_episode_tokens" if r.max_episode_tokens else "rollout.max_turns x rollout.max_new_tokens") \
-        if (r.tools or r.environment) else "rollout.max_new_tokens"
+    field = "rollout.max_new_tokens"
+    if r.tools or r.environment:
+        field = "rollout.max_episode_tokens" if r.max_episode_tokens else "rollout.max_turns x rollout.max_new_tokens"
     if budget >= positions:
         raise ConfigError(f"config field '{field.split(' ')[0]}': {cfg.model.name_or_path} has {positions} learned "
                           f"positions, and {field} = {budget} completion tokens leave no room for a prompt; "
@@ -87,11 +88,11 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
 
 
 def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True,
-                    positions: int | None = None) -> list[dict]:
-    """The rows whose prompt (with the tools' schemas of an episode) fits data.max_prompt_tokens,
-    or the room the model's learned positions leave (`prompt_cap`), saying how many were dropped;
-    one error when none fits. Training and `gspo eval` alike."""
-    cap, why = prompt_cap(cfg, positions)
+                    cap: tuple[int, str] | None = None) -> list[dict]:
+    """The rows whose prompt (with the tools' schemas of an episode) fits `cap` (`prompt_cap`:
+    data.max_prompt_tokens, or the room the model's learned positions leave), saying how many
+    were dropped; one error when none fits. Training and `gspo eval` alike."""
+    cap, why = cap or prompt_cap(cfg)
     rows, dropped = filter_long_prompts(rows, tok, cap, schemas)
     if dropped and say:
         print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)

@@ -36,54 +36,7 @@ from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call
 from gspo.rollout.tools import ToolRunner, load_environment, load_tools
 from gspo.models.routing import RouteTracker, find_routers, no_routers
 from gspo.tasks import TASKS, TASK_CHARS
-
-
-def setup_threads(n: int = 0) -> int:
-    """torch CPU threads: `n`, or auto. On machines with <= 4 cores, one thread: on a 2-core VM
-    (docs/benchmarks.md, bench/step.py --compare-threads) it was within 1.3-1.7x of the best
-    setting in every case and never slowed by outside load, while 2 threads were 1.4x slower
-    with OMP_WAIT_POLICY=PASSIVE and up to 3.3x slower without it once another process held a
-    core. On bigger machines half the cores leaves room for reward workers (not yet measured)."""
-    if n <= 0:
-        if "OMP_NUM_THREADS" in os.environ:
-            return torch.get_num_threads()
-        cores = os.cpu_count() or 1
-        n = 1 if cores <= 4 else max(cores // 2, 1)
-    torch.set_num_threads(n)
-    return n
-
-
-# Weights per call from which a model counts as compute-bound for the thread default:
-# the hidden-512 shape of docs/benchmarks.md's thread table (~1M a layer) ran 1.27x faster with 2
-# PASSIVE threads than with 1 on an idle 2-core VM and 1.04x slower with a core busy; the demo's
-# model (~0.1M) ran 1.41x slower; bench/trl_compare.py --grid's 32M cell (3.9M a layer) lost to
-# TRL at 2 threads while gspo ran 1. The LM head counts too: hidden 128 with a 32k vocabulary
-# (4.1M head weights, 0.1M a layer) ran 1.06-1.52x faster a rollout with 2 threads.
-COMPUTE_BOUND_LAYER_WEIGHTS = 750_000
-
-
-def compute_weights(model) -> float:
-    """The larger of one decoder layer's weights and the LM head's: what one call of the model's
-    biggest part multiplies each token by. The head is the bigger on a small model with a real
-    tokenizer's vocabulary (hidden 128 x 32,000 = 4.1M against 0.1M a layer)."""
-    from gspo.models import base_model
-    from gspo.models.logprobs import layer_weights
-
-    head = getattr(base_model(model), "get_output_embeddings", lambda: None)()  # (a remote-code model may lack it)
-    weight = getattr(head, "weight", None) if head is not None else None
-    return max(layer_weights(model, active=False), float(weight.numel()) if weight is not None else 0.0)
-
-
-def threads_for_model(cfg: Config, model) -> int:
-    """After the model loads: with `threads` auto on a machine of <= 4 cores (one thread by
-    default, `setup_threads`), a compute-bound model (`compute_weights`) gets every core (sync
-    mode only; async mode's processes take a core each). Returns the thread count in force."""
-    cores = os.cpu_count() or 1
-    if cfg.threads > 0 or "OMP_NUM_THREADS" in os.environ or cores > 4 or cores < 2 or cfg.rollout.mode == "async":
-        return torch.get_num_threads()
-    if compute_weights(model) >= COMPUTE_BOUND_LAYER_WEIGHTS:
-        torch.set_num_threads(cores)
-    return torch.get_num_threads()
+from gspo.train.threads import setup_threads, threads_for_model
 
 
 def seed_everything(seed: int) -> None:
@@ -279,8 +232,13 @@ def _check_extras(cfg: Config) -> None:
 
 def hf_generator(cfg: Config, model, tok, *, greedy: bool = False) -> HFGenerator:
     """The hf backend's sampler with the rollout settings; `greedy`: the argmax at every step
-    (top-k 1), as held-out episodes are played."""
+    (top-k 1), as held-out episodes are played. A model whose forward takes no DynamicCache
+    (MiniMax-Text's cache class of its own) is refused gspo's decode loop, naming the setting."""
     r = cfg.rollout
+    if r.backend == "hf" and r.decode == "gspo" and not takes_dynamic_cache(model):
+        raise ConfigError(f"config field 'rollout.decode': {type(base_model(model)).__name__} keeps its decode state "
+                          "in a cache class of its own, which gspo's decode loop does not drive; set "
+                          "rollout.decode=generate (transformers' generate, with the same sampling rule)")
     return HFGenerator(model, tok, temperature=r.temperature, top_p=1.0 if greedy else r.top_p,
                        top_k=1 if greedy else r.top_k,
                        max_new_tokens=r.max_new_tokens, batch_size=r.batch_size or None,
@@ -360,15 +318,10 @@ def build_run(cfg: Config) -> Run:
                     "rollout.mixed_precision": cfg.rollout.mixed_precision}
         for line in half_precision_warnings(settings, d.device):
             print(f"warning: {line}", file=sys.stderr)
-    if cfg.rollout.backend == "hf" and cfg.rollout.decode == "gspo" and not takes_dynamic_cache(model):
-        raise ConfigError(f"config field 'rollout.decode': {type(base_model(model)).__name__} keeps its decode state "
-                          "in a cache class of its own, which gspo's decode loop does not drive; set "
-                          "rollout.decode=generate (transformers' generate, with the same sampling rule)")
-    positions = position_limit(model)  # a learned position table: prompt + completion must fit in it
-    rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, positions=positions)
-    cap, why = prompt_cap(cfg, positions)
-    eval_rows, _ = filter_long_prompts(eval_rows, tok, cap, schemas) if eval_rows else ([], 0)
-    enough_rows(cfg, len(rows), f" of {cap} tokens or fewer ({why})")
+    cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
+    rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, cap=cap)
+    eval_rows, _ = filter_long_prompts(eval_rows, tok, cap[0], schemas) if eval_rows else ([], 0)
+    enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     if d.is_main:
         say_held_out(cfg, eval_rows)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
