@@ -196,7 +196,7 @@ def test_chat_content_is_text_parts_are_joined_and_anything_else_is_refused():
 
 def test_missing_prompt_column_lists_columns(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])
-    with pytest.raises(DataError, match=r"no prompt column 'prompt'.*\['answer', 'question'\]"):
+    with pytest.raises(DataError, match=r"no prompt column 'prompt'.*\['answer', 'question'\] \(data\.prompt_column "):
         load_rows(path)
 
 
@@ -247,6 +247,17 @@ def test_filter_long_prompts_counts_formatted_chat(char_tokenizer):
     chat = [{"prompt": [{"role": "user", "content": "ab"}]}]  # "<user>ab\n<assistant>" = 20 chars
     assert filter_long_prompts(chat, char_tokenizer, 20) == (chat, 0)
     assert filter_long_prompts(chat, char_tokenizer, 19) == ([], 1)
+
+
+def test_a_chat_template_that_refuses_a_prompt_names_the_source_and_row(char_tokenizer):
+    """Gemma's templates raise on a system turn: the error says which dataset and which row."""
+    tok = char_tokenizer.__class__(tokenizer_object=char_tokenizer.backend_tokenizer, unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                         "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    rows = [{"prompt": m} for m in (CHAT_ROWS[0]["question"], CHAT_ROWS[1]["question"])]
+    assert filter_long_prompts(rows[:1], tok, 50) == (rows[:1], 0)
+    with pytest.raises(DataError, match=r"^data\.source d\.jsonl: row 1: .*System role not supported"):
+        filter_long_prompts(rows, tok, 50, source="data.source d.jsonl")
 
 
 # ------------------------------------------------------------------------------ sampler

@@ -151,7 +151,8 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
         if prompt_column not in row:
             found = sorted({k for r in rows for k in r})
             raise DataError(
-                f"{source}: row {i} has no prompt column {prompt_column!r}; columns found: {found}"
+                f"{source}: row {i} has no prompt column {prompt_column!r}; columns found: {found} "
+                f"(data.prompt_column names the column that holds the prompts)"
             )
         prompt = row[prompt_column]
         kind = _prompt_kind(prompt)
@@ -299,17 +300,25 @@ def prompt_token_count(prompt: str | list[dict], tokenizer: Any) -> int:
 
 
 def filter_long_prompts(
-    rows: Sequence[dict], tokenizer: Any, max_prompt_tokens: int, tools: list[dict] | None = None
+    rows: Sequence[dict], tokenizer: Any, max_prompt_tokens: int, tools: list[dict] | None = None,
+    source: str = "",
 ) -> tuple[list[dict], int]:
     """Drop rows whose formatted prompt (`format_prompt`, with the tool schemas of an episode
-    when `tools` is given) is longer than `max_prompt_tokens` tokens.
+    when `tools` is given) is longer than `max_prompt_tokens` tokens. A prompt that cannot be
+    formatted (a chat template that refuses it) is an error naming `source` and the row.
 
     Returns (kept_rows, n_dropped); order is kept, and kept_rows may be empty (the caller
     decides whether that is an error). Counting follows `prompt_token_count`.
     """
     if not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
         raise DataError(f"filter_long_prompts: max_prompt_tokens must be a positive int, got {max_prompt_tokens!r}")
-    ids = encode_texts(tokenizer, [format_prompt(r["prompt"], tokenizer, tools) for r in rows]) if rows else []
+    texts = []
+    for i, r in enumerate(rows):
+        try:
+            texts.append(format_prompt(r["prompt"], tokenizer, tools))
+        except DataError as e:
+            raise DataError(f"{source or 'prompts'}: row {i}: {e}") from e
+    ids = encode_texts(tokenizer, texts) if rows else []
     kept = [r for r, x in zip(rows, ids) if len(x) <= max_prompt_tokens]
     return kept, len(rows) - len(kept)
 

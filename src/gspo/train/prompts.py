@@ -88,12 +88,13 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
 
 
 def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True,
-                    cap: tuple[int, str] | None = None) -> list[dict]:
+                    cap: tuple[int, str] | None = None, source: str | None = None) -> list[dict]:
     """The rows whose prompt (with the tools' schemas of an episode) fits `cap` (`prompt_cap`:
     data.max_prompt_tokens, or the room the model's learned positions leave), saying how many
-    were dropped; one error when none fits. Training and `gspo eval` alike."""
+    were dropped; one error when none fits. Training and `gspo eval` alike. `source`: where the
+    rows come from, for the errors (default data.source)."""
     cap, why = cap or prompt_cap(cfg)
-    rows, dropped = filter_long_prompts(rows, tok, cap, schemas)
+    rows, dropped = filter_long_prompts(rows, tok, cap, schemas, source=f"data.source {source or cfg.data.source}")
     if dropped and say:
         print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)
     if not rows:

@@ -320,7 +320,9 @@ def build_run(cfg: Config) -> Run:
             print(f"warning: {line}", file=sys.stderr)
     cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
     rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, cap=cap)
-    eval_rows, _ = filter_long_prompts(eval_rows, tok, cap[0], schemas) if eval_rows else ([], 0)
+    eval_rows, _ = (filter_long_prompts(eval_rows, tok, cap[0], schemas,
+                                        source=f"data.eval_source {cfg.data.eval_source or cfg.data.source}")
+                    if eval_rows else ([], 0))
     enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     if d.is_main:
         say_held_out(cfg, eval_rows)
