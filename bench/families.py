@@ -16,12 +16,25 @@ then `gspo train model.name_or_path=DIR` through `gspo.cli.main` for 2 rollouts 
 - ``share``: ``model.share_prompt_min_work=0 rollout.old_logp=trainer``: every trainer call
   runs each prompt once where the model's cache allows it, and pi_old is a trainer pass;
 - ``gc``: ``model.gradient_checkpointing=true rollout.old_logp=trainer`` (dense families);
-- ``replay``: ``algo.routing_replay=true`` (families with experts).
+- ``replay``: ``algo.routing_replay=true`` (families with experts);
+- ``lora``: ``lora.enabled=true`` (peft's all-linear adapters; final/ holds the merged model);
+- ``async``: ``rollout.mode=async rollout.max_staleness=0``: a generator process samples with
+  the weights the learner sends it, on-policy, so its log-probs must be the learner's;
+- ``tied``: as ``default``, on a checkpoint whose LM head is its input embedding
+  (``tie_word_embeddings=True``, as Qwen3-0.6B, Llama-3.2-1B and Gemma ship);
+- ``fsdp``: ``torchrun --nproc-per-node 2`` (FSDP2 on gloo) against one process on the same
+  global batch, at ``optim.lr=1e-3`` so that training moves the weights well past float
+  rounding; final/ of the two runs must agree within 1e-5 (``tests/test_distributed.py``'s
+  bound for the built-in model).
 
 A cell passes when the run exits 0, its losses are finite, the largest sampler / trainer gap of
-a token's log-prob (``mismatch/token_abs_max``) is below 1e-4, and the first minibatch's
-sequence ratios are 1 within 1e-5. A refusal at start-up (one message naming the field, exit
-code 2) is reported as such, with its message.
+a token's log-prob (``mismatch/token_abs_max``) is below 1e-4, the first minibatch's sequence
+ratios are 1 within 1e-5, and final/ is the trained model as a user loads it:
+``AutoModelForCausalLM`` and ``AutoTokenizer`` read it with no missing, unexpected or
+mismatched weights, its weights are the run's last checkpoint's (with LoRA: the base with
+final/adapter merged in, compared by logits), and they differ from the checkpoint it started
+from. A refusal at start-up (one message naming the field, exit code 2) is reported as such,
+with its message.
 
 The families are those of transformers' causal-LM mapping that users train (dense, MoE,
 hybrid); the installed transformers must know each one (5.24 does).
@@ -53,7 +66,12 @@ MOE = ["qwen2_moe", "qwen3_moe", "mixtral", "phimoe", "olmoe", "granitemoe", "de
 FAMILIES = DENSE + HYBRID + MOE
 MODES = {"default": [], "share": ["model.share_prompt_min_work=0", "rollout.old_logp=trainer"],
          "gc": ["model.gradient_checkpointing=true", "rollout.old_logp=trainer"],
-         "replay": ["algo.routing_replay=true"]}
+         "replay": ["algo.routing_replay=true"], "lora": ["lora.enabled=true"],
+         "async": ["rollout.mode=async", "rollout.max_staleness=0"], "tied": [],
+         # (sampling chunks of 4 rows: the same samples on 1 or 2 ranks; AdamW with eps 1 is SGD with momentum for
+         # these gradients, so that float rounding in a near-zero gradient is not blown up to a step of lr)
+         "fsdp": ["optim.lr=0.1", "optim.adam_eps=1.0", "rollout.batch_size=4"]}
+FSDP_TOL = 1e-5
 
 # the shared small shape, under every name the families use for it
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -104,8 +122,9 @@ def family_config(family: str, vocab: int, special: dict):
     return config
 
 
-def save_family(directory: Path, family: str) -> int:
-    """Write the tiny `family` checkpoint and its tokenizer to `directory`; returns its size."""
+def save_family(directory: Path, family: str, tied: bool = False) -> int:
+    """Write the tiny `family` checkpoint and its tokenizer to `directory`; returns its size.
+    `tied`: the LM head is the input embedding."""
     import torch
     import transformers as T
 
@@ -115,6 +134,9 @@ def save_family(directory: Path, family: str) -> int:
     tok = artifacts.build_tokenizer("qwen")
     special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = family_config(family, len(tok), special)
+    if tied:
+        config.tie_word_embeddings = True
+        getattr(config, "get_text_config", lambda **_: config)(decoder=True).tie_word_embeddings = True
     torch.manual_seed(0)
     try:
         model = T.AutoModelForCausalLM.from_config(config).float()
@@ -137,10 +159,10 @@ def run_cell(family: str, mode: str, work: Path) -> dict:
     from gspo.cli import main
 
     out = {"family": family, "mode": mode}
-    ckpt = work / f"ckpt-{family}"
+    ckpt = work / (f"ckpt-{family}-tied" if mode == "tied" else f"ckpt-{family}")
     try:
         if not ckpt.exists():
-            out["params"] = save_family(ckpt, family)
+            out["params"] = save_family(ckpt, family, tied=mode == "tied")
         err = io.StringIO()
         args = ["train", f"model.name_or_path={ckpt}", "rollout.prompts_per_step=2", "rollout.group_size=4",
                 "rollout.max_new_tokens=8", "schedule.rollouts=2", "schedule.num_minibatches=2",
@@ -150,20 +172,95 @@ def run_cell(family: str, mode: str, work: Path) -> dict:
                 *FAMILY_ARGS.get(family, [])]
         with redirect_stderr(err):
             out["rc"] = main(args)
+        if mode == "fsdp" and out["rc"] == 0:  # that was the one-process reference: now torchrun
+            args[args.index(f"output.name={family}-{mode}")] = f"output.name={family}-{mode}-2"
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                   "2", "-m", "gspo", *args], capture_output=True, text=True, timeout=600,
+                                  env=dict(os.environ, OMP_NUM_THREADS="1"))
+            out["rc"] = 2 if "ConfigError" in proc.stderr or "config field" in proc.stderr else proc.returncode
+            err = io.StringIO(proc.stderr)
         if out["rc"] != 0:
             lines = [x for x in err.getvalue().splitlines() if "error" in x.lower()]
             out["message"] = (lines or err.getvalue().splitlines() or [""])[-1][:300]
             return out
-        recs = [json.loads(x) for x in (work / "runs" / f"{family}-{mode}" / "metrics.jsonl").read_text().splitlines()]
+        run_dir = work / "runs" / (f"{family}-{mode}-2" if mode == "fsdp" else f"{family}-{mode}")
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in recs if r.get("loss") is not None]
         out["steps"] = len(steps)
         out["mismatch_max"] = max((r.get("mismatch/token_abs_max") or 0.0) for r in steps) if steps else None
         first = steps[0] if steps else {}
         out["first_ratio"] = [first.get("ratio/seq_min"), first.get("ratio/seq_max")]
         out["finite"] = all(math.isfinite(r["loss"]) for r in steps)
+        out["final"] = (compare_finals(run_dir, work / "runs" / f"{family}-{mode}", ckpt) if mode == "fsdp"
+                        else check_final(run_dir, ckpt, lora=mode == "lora"))
     except Exception as e:  # noqa: BLE001  (a cell's failure is its result)
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return out
+
+
+def check_final(run_dir: Path, base: Path, lora: bool) -> str:
+    """"ok", or what is wrong with run_dir/final as a user loads it (see the module docstring)."""
+    import torch
+    import transformers as T
+    from safetensors.torch import load_file
+
+    final = run_dir / "final"
+    T.AutoTokenizer.from_pretrained(final)
+    model, info = T.AutoModelForCausalLM.from_pretrained(final, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k != "error_msgs"} | ({"errors": info["error_msgs"]}
+                                                                          if info.get("error_msgs") else {})
+    if bad:
+        return f"loading final/: {bad}"
+    model.eval()
+    probe = torch.arange(3, 19).reshape(2, 8)
+
+    def logits(m):
+        with torch.no_grad():
+            return m(input_ids=probe).logits.float()
+
+    start = T.AutoModelForCausalLM.from_pretrained(base).eval()
+    if lora:  # the base with final/adapter on top, as peft loads it, and merged
+        from peft import PeftModel
+        ref = PeftModel.from_pretrained(T.AutoModelForCausalLM.from_pretrained(base), final / "adapter").eval()
+        gap = (logits(ref) - logits(model)).abs().max().item()
+        if gap > 1e-4:
+            return f"final/ is not the base with final/adapter merged in (logits differ by {gap:.2e})"
+    else:  # every weight of final/ is the last checkpoint's
+        last = (run_dir / "checkpoints" / "latest").read_text().strip()
+        saved = load_file(run_dir / "checkpoints" / last / "model.safetensors")
+        own = model.state_dict()
+        for name, value in own.items():
+            twin = saved.get(name)
+            if twin is None:
+                continue  # (a tied or derived weight the checkpoint keeps under one name)
+            if twin.shape != value.shape or not torch.equal(twin.to(value.dtype), value):
+                return f"final/ weight {name} is not the last checkpoint's"
+        if not set(own) & set(saved):
+            return f"no weight name of final/ is in the checkpoint ({sorted(saved)[:3]} ...)"
+    if torch.equal(logits(start), logits(model)):
+        return "final/ is the checkpoint the run started from (training changed nothing)"
+    return "ok"
+
+
+def compare_finals(run_dir: Path, reference: Path, base: Path) -> str:
+    """"ok" when run_dir/final (loaded as a user loads it) has the weights of reference/final
+    within FSDP_TOL while training moved them by more than 100x that; else what differs."""
+    import torch
+    import transformers as T
+
+    T.AutoTokenizer.from_pretrained(run_dir / "final")
+    own = T.AutoModelForCausalLM.from_pretrained(run_dir / "final").state_dict()
+    ref = T.AutoModelForCausalLM.from_pretrained(reference / "final").state_dict()
+    start = T.AutoModelForCausalLM.from_pretrained(base).state_dict()
+    if own.keys() != ref.keys():
+        return f"final/ weights named differently from one process's: {sorted(own.keys() ^ ref.keys())[:4]}"
+    gap, name = max(((own[k].float() - ref[k].float()).abs().max().item(), k) for k in own)
+    moved = max((ref[k].float() - start[k].float()).abs().max().item() for k in ref)
+    if gap > FSDP_TOL:
+        return f"final/ weight {name} differs from one process's by {gap:.2e} (training moved weights by {moved:.2e})"
+    if moved < 100 * FSDP_TOL:
+        return f"training moved the weights by {moved:.2e} only: the comparison says nothing"
+    return "ok"
 
 
 def verdict(r: dict) -> str:
@@ -175,7 +272,14 @@ def verdict(r: dict) -> str:
         return "failed"
     lo, hi = r["first_ratio"]
     on_policy = lo is None or (abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5)
-    return "ok" if (r["mismatch_max"] or 0) < 1e-4 and on_policy else "off-policy"
+    if not ((r["mismatch_max"] or 0) < 1e-4 and on_policy):
+        return "off-policy"
+    return "ok" if r.get("final", "ok") == "ok" else "bad-final"
+
+
+def tally(results: list[dict]) -> dict:
+    return {v: sum(r["verdict"] == v for r in results) for v in ("ok", "refused", "off-policy", "bad-final", "failed",
+                                                                 "error")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,13 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                                                        "error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
                 r["verdict"] = verdict(r)
                 results.append(r)
-                note = r.get("message") or r.get("error") or ""
+                note = r.get("message") or r.get("error") or ("" if r.get("final", "ok") == "ok" else r["final"])
                 print(f"{family:18s} {mode:8s} {r['verdict']:10s} mismatch {r.get('mismatch_max')!s:24s} {note}",
                       flush=True)
-    counts = {v: sum(r["verdict"] == v for r in results) for v in ("ok", "refused", "off-policy", "failed", "error")}
+                if a.json:  # after every cell: a sweep stopped part-way keeps what it measured
+                    a.json.write_text(json.dumps({"results": results, "counts": tally(results)}, indent=1))
+    counts = tally(results)
     print(f"\n{len(results)} cells in {time.time() - t0:.0f} s: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
-    if a.json:
-        a.json.write_text(json.dumps({"results": results, "counts": counts}, indent=1))
     return 0
 
 
