@@ -26,6 +26,9 @@ def build_arch(name: str, vocab: int, tok):
     if name == "falcon_h1":
         return T.FalconH1ForCausalLM(T.FalconH1Config(head_dim=8, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=1,
                                                       mamba_d_state=16, mamba_d_ssm=64, **common))
+    if name == "llama4":  # Llama 4's text model: a MoE whose router subclasses nn.Linear and returns two tensors
+        return T.Llama4ForCausalLM(T.Llama4TextConfig(head_dim=8, intermediate_size_mlp=64, num_local_experts=4,
+                                                      num_experts_per_tok=1, interleave_moe_layer_step=1, **common))
     if name == "llama":
         return T.LlamaForCausalLM(T.LlamaConfig(**common))
     if name == "mistral":  # sliding-window attention shorter than the sequences

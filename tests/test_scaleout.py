@@ -118,3 +118,29 @@ def test_lora_end_to_end(tmp_path):
             c = plain(ids).logits
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert (a - c).abs().max() > 1e-4  # merged differs from the untrained base
+
+
+@pytest.mark.parametrize("family, left_out", [("llama4", "feed_forward.router"), ("falcon_h1", "mamba.out_proj")])
+def test_lora_all_linear_leaves_out_what_a_lora_layer_cannot_wrap(tmp_path, family, left_out):
+    """Llama 4's router subclasses nn.Linear and returns scores and logits (a LoRA layer around it
+    failed in the first forward); peft refuses a Mamba mixer's out_proj on Falcon-H1 (all-linear
+    stopped the run). all-linear leaves both out and adapts the rest; naming them is one error."""
+    import peft
+    from archs import build_arch
+    from artifacts import build_tokenizer
+
+    from gspo.train.run import build_policy
+
+    tok = build_tokenizer("qwen")
+    build_arch(family, len(tok), tok).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cfg = load_config(None, [f"model.name_or_path={tmp_path}", "lora.enabled=true", "lora.r=2"])
+    model, _ = build_policy(cfg, torch.device("cpu"))
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    assert any(n.endswith("q_proj") for n in wrapped) and any(n.endswith("down_proj") for n in wrapped)
+    assert not any(n.endswith(left_out) for n in wrapped)
+    logits = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits
+    assert torch.isfinite(logits).all()
+    with pytest.raises(ConfigError, match=r"'lora.target_modules'"):
+        build_policy(load_config(None, [f"model.name_or_path={tmp_path}", "lora.enabled=true",
+                                        f"lora.target_modules=[q_proj,{left_out.split('.')[-1]}]"]), torch.device("cpu"))

@@ -34,6 +34,7 @@ from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout.hf import HFGenerator
 from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call_ids
 from gspo.rollout.tools import ToolRunner, load_environment, load_tools
+from gspo.models.lora import linear_routers, mamba_lora_exclusions
 from gspo.models.routing import RouteTracker, find_routers, no_routers
 from gspo.tasks import TASKS, TASK_CHARS
 from gspo.train.threads import setup_threads, threads_for_model
@@ -93,9 +94,20 @@ def build_policy(cfg: Config, device: torch.device | None = None):
 
         lc = cfg.lora
         targets = list(lc.target_modules)
-        model = peft.get_peft_model(model, peft.LoraConfig(
-            r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, task_type="CAUSAL_LM",
-            target_modules="all-linear" if targets == ["all-linear"] else targets))
+        routers = linear_routers(model)  # (a LoRA layer cannot wrap them: all-linear leaves them out)
+        named = [n for n in routers for t in targets if n == t or n.endswith("." + t)]
+        if named:
+            raise ConfigError(f"config field 'lora.target_modules': {named[0]} is a MoE router that returns scores and "
+                              f"logits ({type(model.get_submodule(named[0])).__name__}), which a LoRA layer cannot "
+                              f"wrap; name the attention or MLP projections, or all-linear (which leaves routers out)")
+        everything = targets == ["all-linear"]
+        leave_out = routers + (mamba_lora_exclusions(model) if everything else [])
+        try:
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, task_type="CAUSAL_LM",
+                target_modules="all-linear" if everything else targets, exclude_modules=leave_out or None))
+        except ValueError as e:  # peft's own refusal of a target (a Mamba mixer's out_proj, a name that matches nothing)
+            raise ConfigError(f"config field 'lora.target_modules': {e}") from e
     set_trainer_mode(model, dropout=m.dropout)  # after every wrapper: one mode for every trainer pass
     return model, tok
 
