@@ -163,6 +163,9 @@ def run_cell(family: str, mode: str, work: Path) -> dict:
     try:
         if not ckpt.exists():
             out["params"] = save_family(ckpt, family, tied=mode == "tied")
+        if mode == "tied" and not tied(__import__("transformers").AutoModelForCausalLM.from_pretrained(ckpt)):
+            out["skipped"] = "the family's checkpoint does not keep a tied head"
+            return out
         err = io.StringIO()
         args = ["train", f"model.name_or_path={ckpt}", "rollout.prompts_per_step=2", "rollout.group_size=4",
                 "rollout.max_new_tokens=8", "schedule.rollouts=2", "schedule.num_minibatches=2",
@@ -194,8 +197,17 @@ def run_cell(family: str, mode: str, work: Path) -> dict:
         out["final"] = (compare_finals(run_dir, work / "runs" / f"{family}-{mode}", ckpt) if mode == "fsdp"
                         else check_final(run_dir, ckpt, lora=mode == "lora"))
     except Exception as e:  # noqa: BLE001  (a cell's failure is its result)
-        out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if mode == "tied" and "tie_word_embeddings" in str(e) and "params" not in out and not ckpt.exists():
+            out["skipped"] = "the family's config refuses tie_word_embeddings"
+        else:
+            out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return out
+
+
+def tied(model) -> bool:
+    """Whether the model's LM head is its input embedding (one tensor)."""
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    return out is not None and inp is not None and out.weight is inp.weight
 
 
 def check_final(run_dir: Path, base: Path, lora: bool) -> str:
@@ -219,6 +231,8 @@ def check_final(run_dir: Path, base: Path, lora: bool) -> str:
             return m(input_ids=probe).logits.float()
 
     start = T.AutoModelForCausalLM.from_pretrained(base).eval()
+    if tied(start) and not tied(model):
+        return "final/ has a head of its own where the checkpoint's head is its input embedding"
     if lora:  # the base with final/adapter on top, as peft loads it, and merged
         from peft import PeftModel
         ref = PeftModel.from_pretrained(T.AutoModelForCausalLM.from_pretrained(base), final / "adapter").eval()
@@ -264,6 +278,8 @@ def compare_finals(run_dir: Path, reference: Path, base: Path) -> str:
 
 
 def verdict(r: dict) -> str:
+    if "skipped" in r:
+        return "n/a"
     if "error" in r:
         return "error"
     if r.get("rc") == 2:
@@ -279,7 +295,7 @@ def verdict(r: dict) -> str:
 
 def tally(results: list[dict]) -> dict:
     return {v: sum(r["verdict"] == v for r in results) for v in ("ok", "refused", "off-policy", "bad-final", "failed",
-                                                                 "error")}
+                                                                 "error", "n/a")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        "error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
                 r["verdict"] = verdict(r)
                 results.append(r)
-                note = r.get("message") or r.get("error") or ("" if r.get("final", "ok") == "ok" else r["final"])
+                note = (r.get("message") or r.get("error") or r.get("skipped")
+                        or ("" if r.get("final", "ok") == "ok" else r["final"]))
                 print(f"{family:18s} {mode:8s} {r['verdict']:10s} mismatch {r.get('mismatch_max')!s:24s} {note}",
                       flush=True)
                 if a.json:  # after every cell: a sweep stopped part-way keeps what it measured

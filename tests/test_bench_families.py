@@ -100,3 +100,22 @@ def test_the_fsdp_check_compares_final_with_one_process(tmp_path: Path):
     three = run("three", 0.01, extra=1e-4)  # a weight that a rank did not update as one process does
     assert families.compare_finals(three, one, base).startswith("final/ weight model.norm.weight differs from one process's by 1.00e-04")
     assert "says nothing" in families.compare_finals(run("four", 0.0), run("five", 0.0), base)
+
+
+def test_the_final_check_names_a_head_untied_from_a_tied_checkpoint(tmp_path: Path):
+    import torch
+    import transformers as T
+    from safetensors.torch import save_file
+
+    base, run = tmp_path / "base", tmp_path / "run"
+    families.save_family(base, "llama", tied=True)
+    assert families.tied(T.AutoModelForCausalLM.from_pretrained(base))
+    model = T.AutoModelForCausalLM.from_pretrained(base)
+    model.config.tie_word_embeddings = False  # the head written as a tensor of its own
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() + 0.01)
+    model.save_pretrained(run / "final")
+    T.AutoTokenizer.from_pretrained(base).save_pretrained(run / "final")
+    (run / "checkpoints" / "step-1").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step-1")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, run / "checkpoints" / "step-1" / "model.safetensors")
+    assert "head of its own" in families.check_final(run, base, lora=False)
