@@ -144,3 +144,18 @@ def test_lora_all_linear_leaves_out_what_a_lora_layer_cannot_wrap(tmp_path, fami
     with pytest.raises(ConfigError, match=r"'lora.target_modules'"):
         build_policy(load_config(None, [f"model.name_or_path={tmp_path}", "lora.enabled=true",
                                         f"lora.target_modules=[q_proj,{left_out.split('.')[-1]}]"]), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3_5", "falcon_h1", "llama4"])
+def test_fsdp_finds_every_decoder_layer(family):
+    """FSDP2 shards each decoder layer as a unit. Llama 4's get_decoder() returns the whole model,
+    and torchrun stopped with 'cannot find the decoder layers to shard'."""
+    from archs import build_arch
+    from artifacts import build_tokenizer
+
+    from gspo.train.distributed import decoder_layers
+
+    tok = build_tokenizer("qwen")
+    model = build_arch(family, len(tok), tok)
+    layers = decoder_layers(model)
+    assert len(layers) == 2 and all("DecoderLayer" in type(x).__name__ or "Block" in type(x).__name__ for x in layers)

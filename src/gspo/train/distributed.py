@@ -155,11 +155,13 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     from gspo.models import base_model
 
     base = base_model(model)
-    body = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
-    layers = getattr(body, "layers", None) or getattr(body, "h", None) or getattr(body, "blocks", None)
-    if layers is None:
-        raise ValueError(f"{type(base).__name__}: cannot find the decoder layers to shard")
-    return list(layers)
+    # get_decoder() names the body on most families; Llama 4's returns the whole model, whose body is .model
+    bodies = [base.get_decoder() if hasattr(base, "get_decoder") else None, getattr(base, "model", None), base]
+    for body in filter(None, bodies):
+        layers = getattr(body, "layers", None) or getattr(body, "h", None) or getattr(body, "blocks", None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return list(layers)
+    raise ValueError(f"{type(base).__name__}: cannot find the decoder layers to shard")
 
 
 def wrap_for_training(module: torch.nn.Module, model, d: Dist, *, mixed_precision: str = ModelConfig.mixed_precision,
