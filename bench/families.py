@@ -23,9 +23,10 @@ then `gspo train model.name_or_path=DIR` through `gspo.cli.main` for 2 rollouts 
 - ``tied``: as ``default``, on a checkpoint whose LM head is its input embedding
   (``tie_word_embeddings=True``, as Qwen3-0.6B, Llama-3.2-1B and Gemma ship);
 - ``fsdp``: ``torchrun --nproc-per-node 2`` (FSDP2 on gloo) against one process on the same
-  global batch, at ``optim.lr=1e-3`` so that training moves the weights well past float
-  rounding; final/ of the two runs must agree within 1e-5 (``tests/test_distributed.py``'s
-  bound for the built-in model).
+  global batch, at ``optim.lr=0.1`` with AdamW's eps 1 (SGD with momentum for these
+  gradients, so that the rounding of a near-zero gradient does not become a step of lr) so
+  that training moves the weights well past float rounding; final/ of the two runs must agree
+  within 1e-5 (``tests/test_distributed.py``'s bound for the built-in model).
 
 A cell passes when the run exits 0, its losses are finite, the largest sampler / trainer gap of
 a token's log-prob (``mismatch/token_abs_max``) is below 1e-4, the first minibatch's sequence

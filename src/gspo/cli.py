@@ -70,12 +70,12 @@ def cmd_eval(args) -> int:
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg)
-    rows, source = (held, cfg.data.eval_source or cfg.data.source) if held else (rows, cfg.data.source)
+    rows = held or rows
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
     schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])
     cap = prompt_cap(cfg, position_limit(model))
-    rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, source=source)[: cfg.eval.num_prompts]  # as training does
+    rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held))[: cfg.eval.num_prompts]  # as training does
     rw = cfg.rewards
     with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:

@@ -87,14 +87,21 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
     return cap, why
 
 
+def rows_source(cfg: Config, held: bool = False) -> str:
+    """Where a run's prompt rows come from, as errors name it: data.eval_source for held-out rows
+    read from it, else data.source (a file, or the built-in task whose held-out split they are)."""
+    d = cfg.data
+    return f"data.eval_source {d.eval_source}" if held and d.eval_source else f"data.source {d.source}"
+
+
 def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True,
-                    cap: tuple[int, str] | None = None, source: str | None = None) -> list[dict]:
+                    cap: tuple[int, str] | None = None, held: bool = False) -> list[dict]:
     """The rows whose prompt (with the tools' schemas of an episode) fits `cap` (`prompt_cap`:
     data.max_prompt_tokens, or the room the model's learned positions leave), saying how many
-    were dropped; one error when none fits. Training and `gspo eval` alike. `source`: where the
-    rows come from, for the errors (default data.source)."""
+    were dropped; one error when none fits. Training and `gspo eval` alike. `held`: the rows are
+    the held-out ones (for the errors' `rows_source`)."""
     cap, why = cap or prompt_cap(cfg)
-    rows, dropped = filter_long_prompts(rows, tok, cap, schemas, source=f"data.source {source or cfg.data.source}")
+    rows, dropped = filter_long_prompts(rows, tok, cap, schemas, source=rows_source(cfg, held))
     if dropped and say:
         print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)
     if not rows:

@@ -24,7 +24,7 @@ from gspo.config.rules import needs_reference, records_routes, runs_model_code
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_answer_column, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
-                                say_held_out)
+                                rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
 from gspo.models import (base_model, half_precision_warnings, load_policy, position_limit, resolve_device,
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
@@ -34,7 +34,7 @@ from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
 from gspo.rollout.hf import HFGenerator
 from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call_ids
 from gspo.rollout.tools import ToolRunner, load_environment, load_tools
-from gspo.models.lora import linear_routers, mamba_lora_exclusions
+from gspo.models.lora import lora_targets
 from gspo.models.routing import RouteTracker, find_routers, no_routers
 from gspo.tasks import TASKS, TASK_CHARS
 from gspo.train.threads import setup_threads, threads_for_model
@@ -93,19 +93,11 @@ def build_policy(cfg: Config, device: torch.device | None = None):
         import peft
 
         lc = cfg.lora
-        targets = list(lc.target_modules)
-        routers = linear_routers(model)  # (a LoRA layer cannot wrap them: all-linear leaves them out)
-        named = [n for n in routers for t in targets if n == t or n.endswith("." + t)]
-        if named:
-            raise ConfigError(f"config field 'lora.target_modules': {named[0]} is a MoE router that returns scores and "
-                              f"logits ({type(model.get_submodule(named[0])).__name__}), which a LoRA layer cannot "
-                              f"wrap; name the attention or MLP projections, or all-linear (which leaves routers out)")
-        everything = targets == ["all-linear"]
-        leave_out = routers + (mamba_lora_exclusions(model) if everything else [])
+        targets, leave_out = lora_targets(model, list(lc.target_modules))
         try:
             model = peft.get_peft_model(model, peft.LoraConfig(
                 r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, task_type="CAUSAL_LM",
-                target_modules="all-linear" if everything else targets, exclude_modules=leave_out or None))
+                target_modules=targets, exclude_modules=leave_out or None))
         except ValueError as e:  # peft's own refusal of a target (a Mamba mixer's out_proj, a name that matches nothing)
             raise ConfigError(f"config field 'lora.target_modules': {e}") from e
     set_trainer_mode(model, dropout=m.dropout)  # after every wrapper: one mode for every trainer pass
@@ -332,8 +324,7 @@ def build_run(cfg: Config) -> Run:
             print(f"warning: {line}", file=sys.stderr)
     cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
     rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, cap=cap)
-    eval_rows, _ = (filter_long_prompts(eval_rows, tok, cap[0], schemas,
-                                        source=f"data.eval_source {cfg.data.eval_source or cfg.data.source}")
+    eval_rows, _ = (filter_long_prompts(eval_rows, tok, cap[0], schemas, source=rows_source(cfg, held=True))
                     if eval_rows else ([], 0))
     enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     if d.is_main:
