@@ -17,6 +17,8 @@ then `gspo train model.name_or_path=DIR` through `gspo.cli.main` for 2 rollouts 
   runs each prompt once where the model's cache allows it, and pi_old is a trainer pass;
 - ``gc``: ``model.gradient_checkpointing=true rollout.old_logp=trainer`` (dense families);
 - ``replay``: ``algo.routing_replay=true`` (families with experts);
+- ``gc-replay``: ``gc`` and ``replay`` together (families with experts): each checkpointed
+  layer runs its router again in the backward pass, where replay must act as in the forward;
 - ``lora``: ``lora.enabled=true`` (peft's all-linear adapters; final/ holds the merged model);
 - ``async``: ``rollout.mode=async rollout.max_staleness=0``: a generator process samples with
   the weights the learner sends it, on-policy, so its log-probs must be the learner's;
@@ -59,15 +61,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DENSE = ["qwen2", "qwen3", "llama", "mistral", "ministral", "gemma", "gemma2", "gemma3_text", "gemma4_text",
          "vaultgemma", "phi", "phi3", "olmo2", "olmo3", "granite", "cohere", "cohere2", "stablelm", "starcoder2",
          "gpt2", "gpt_neox", "gpt_bigcode", "gptj", "bloom", "opt", "falcon", "glm4", "smollm3", "ernie4_5",
-         "exaone4", "hunyuan_v1_dense", "seed_oss", "helium", "apertus", "arcee", "internlm3", "nemotron",
-         "llama4_text"]
+         "exaone4", "hunyuan_v1_dense", "seed_oss", "helium", "apertus", "arcee", "internlm3", "nemotron"]
 HYBRID = ["qwen3_5_text", "qwen3_next", "lfm2", "falcon_h1", "bamba", "jamba", "granitemoehybrid"]
 MOE = ["qwen2_moe", "qwen3_moe", "mixtral", "phimoe", "olmoe", "granitemoe", "deepseek_v2", "deepseek_v3",
-       "glm4_moe", "gpt_oss", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax", "jetmoe", "dbrx"]
+       "glm4_moe", "gpt_oss", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax", "jetmoe", "dbrx", "llama4_text"]
 FAMILIES = DENSE + HYBRID + MOE
 MODES = {"default": [], "share": ["model.share_prompt_min_work=0", "rollout.old_logp=trainer"],
          "gc": ["model.gradient_checkpointing=true", "rollout.old_logp=trainer"],
          "replay": ["algo.routing_replay=true"], "lora": ["lora.enabled=true"],
+         # (the routers run again in each checkpointed layer's recomputation, replayed as in the forward)
+         "gc-replay": ["model.gradient_checkpointing=true", "rollout.old_logp=trainer", "algo.routing_replay=true"],
          "async": ["rollout.mode=async", "rollout.max_staleness=0"], "tied": [],
          # (sampling chunks of 4 rows: the same samples on 1 or 2 ranks; AdamW with eps 1 is SGD with momentum for
          # these gradients, so that float rounding in a near-zero gradient is not blown up to a step of lr)
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", nargs="+", default=FAMILIES)
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
-                    help="default: default, share and gc (dense, hybrid); default, share and replay (MoE)")
+                    help="default: default, share and gc (dense, hybrid); default, share, replay and gc-replay (MoE)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--cell", nargs=3, metavar=("FAMILY", "MODE", "DIR"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     results, t0 = [], time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for family in a.families:
-            modes = a.modes or ["default", "share", "replay" if family in MOE else "gc"]
+            modes = a.modes or ["default", "share", *(["replay", "gc-replay"] if family in MOE else ["gc"])]
             for mode in modes:
                 proc = subprocess.run([sys.executable, __file__, "--cell", family, mode, tmp], env=env,
                                       capture_output=True, text=True, timeout=600)

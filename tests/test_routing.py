@@ -289,6 +289,10 @@ def test_a_moe_whose_routers_gspo_cannot_hook_is_named_as_one(tmp_path):
     with pytest.raises(ConfigError, match=r"algo.routing_replay.*finds no router it can hook in this MoE \(JetMoe"):
         train(load_config(None, [f"model.name_or_path={tmp_path / 'jetmoe'}", "algo.routing_replay=true",
                                  f"output.dir={tmp_path}", "rollout.prompts_per_step=2"]))
+    # nor can transformers checkpoint its layers: one error naming the field, at start-up
+    with pytest.raises(ConfigError, match=r"'model.gradient_checkpointing': JetMoeForCausalLM does not support"):
+        train(load_config(None, [f"model.name_or_path={tmp_path / 'jetmoe'}", "model.gradient_checkpointing=true",
+                                 f"output.dir={tmp_path}", "rollout.prompts_per_step=2"]))
 
 
 def test_moe_stability_reproduction_quick(tmp_path):
@@ -363,3 +367,106 @@ def test_deepseek_v3_routes_are_tracked_and_softmax_only_rules_refused():
     tracker.aux = True
     with pytest.raises(ConfigError, match="'algo.router_aux_loss_coef': DeepseekV3TopkRouter does not gate with a"):
         _pass(tracker, lp, ids, mask, "compare")
+
+
+def _llama4(vocab: int):
+    """A tiny Llama 4 text model: every layer a MoE of 4 experts, top-1, whose `Llama4Router`
+    (an nn.Linear subclass) returns (scores (n, E), logits (n, E))."""
+    from archs import build_arch
+
+    torch.manual_seed(0)
+    tok = build_char_tokenizer()
+    return build_arch("llama4", vocab, tok).eval()
+
+
+def test_llama4_routes_are_tracked_replayed_with_its_sigmoid_gates_and_the_softmax_loss_refused():
+    tok = build_char_tokenizer()
+    model = _llama4(len(tok))
+    routers = find_routers(model)
+    assert [type(r).__name__ for r in routers] == ["Llama4Router"] * 2
+    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        a = _pass(tracker, lp, ids, mask, "capture")
+        b = _pass(tracker, lp, ids, mask, "compare", replay=True)  # unchanged router: the same log-probs
+        assert tracker.take_metrics()["routing/changed_frac"] == 0.0
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    run = mask[:, :-1].bool()
+    assert (tracker.routes[:, :-1][run] >= 0).all() and (tracker.routes[~mask.bool()] == -1).all()
+    with torch.no_grad():
+        for r in routers:
+            r.weight.add_(torch.randn_like(r.weight) * 5.0)
+    used = []  # the experts the router's output finally gates (after the tracker's hook)
+    h = routers[0].register_forward_hook(lambda m, args, out: used.append(out[0].clone()))
+    out = _pass(tracker, lp, ids, mask, "compare", replay=True)
+    h.remove()
+    assert tracker.take_metrics()["routing/changed_frac"] > 0  # the natural choice did change
+    gated = used[0].view(4, 9, -1)[run]  # (m, E) over the tokens run: one nonzero gate each (top-1)
+    assert ((gated > 0).sum(-1) == 1).all()
+    assert torch.equal(gated.argmax(-1), tracker.routes[:, :-1, 0][run].long()[:, 0])  # π_old's experts
+    out.sum().backward()
+    assert routers[0].weight.grad is not None and routers[0].weight.grad.abs().sum() > 0
+    with torch.no_grad():  # without replay the moved router picks other experts
+        natural = _pass(tracker, lp, ids, mask, "compare")
+    assert not torch.allclose(natural, out.detach(), atol=1e-4)
+    tracker.aux = True
+    with pytest.raises(ConfigError, match="'algo.router_aux_loss_coef': Llama4Router does not gate with a softmax"):
+        _pass(tracker, lp, ids, mask, "compare")
+
+
+def test_training_on_a_saved_llama4_logs_routes_and_replays(tmp_path):
+    """Llama 4 loaded from disk: routes come from the sampler (R3) and are compared, and replay runs."""
+    tok = build_char_tokenizer()
+    _llama4(len(tok)).save_pretrained(tmp_path / "llama4")
+    tok.save_pretrained(tmp_path / "llama4")
+    overrides = [x for x in TINY if not x.startswith(("model.", "tiny."))]
+    run = train(load_config(None, [*overrides, f"model.name_or_path={tmp_path / 'llama4'}", "algo.level=token",
+                                   "algo.routing_replay=true", f"output.dir={tmp_path}"]))
+    m = _metrics(run)
+    assert m[0]["routing/changed_frac"] == 0.0 and max(x["routing/changed_frac"] for x in m[1:]) > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "llama4"])
+def test_replay_and_the_balancing_loss_under_activation_checkpointing_match_the_pass_without_it(arch):
+    """A checkpointed layer runs its router again in the backward pass, after the tracker's
+    forward context has closed: the hooks must compute there what they computed in the forward
+    (torch stopped with 'a different number of tensors was saved'), and count nothing twice."""
+    from gspo.models import set_activation_checkpointing, set_trainer_mode
+
+    tok = build_char_tokenizer()
+    model = (build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0) if arch == "qwen3_moe"
+             else _llama4(len(tok)))
+    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.aux = arch == "qwen3_moe"  # (Llama 4's sigmoid gates have no Switch loss)
+    tracker.reset(*ids.shape, ids.device)
+    with torch.no_grad():
+        _pass(tracker, lp, ids, mask, "capture")
+        for r in find_routers(model):
+            r.weight.add_(torch.randn(r.weight.shape, generator=torch.Generator().manual_seed(5)) * 5.0)
+    results = []
+    for checkpointed in (False, True):
+        set_activation_checkpointing(model, checkpointed)
+        set_trainer_mode(model, dropout=False)
+        model.zero_grad()
+        out = _pass(tracker, lp, ids, mask, "compare", replay=True)
+        loss = (out * torch.linspace(-1, 1, out.shape[1])).sum()
+        aux = tracker.take_aux()
+        if tracker.aux:
+            loss = loss + 0.5 * aux
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((out.detach(), grads, tracker.take_metrics(), None if aux is None else aux.item()))
+        assert tracker.take_aux() is None  # nothing added by the recomputation
+    set_activation_checkpointing(model, False)
+    (a, ga, ma, xa), (b, gb, mb, xb) = results
+    assert ma["routing/changed_frac"] > 0 and ma == mb and xa == xb
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert ga.keys() == gb.keys() and any("router" in k or "gate" in k for k in ga)
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], rtol=0, atol=1e-6, msg=k)

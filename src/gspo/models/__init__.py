@@ -427,8 +427,12 @@ def holds_recurrent_state(cache_layer) -> bool:
 
 
 def set_activation_checkpointing(model, enabled: bool) -> None:
-    """Recompute each layer's activations in the backward pass (non-reentrant), or stop."""
-    kwargs = {"use_reentrant": False}
+    """Recompute each layer's activations in the backward pass (non-reentrant), or stop. A MoE's
+    router hooks act in the recomputation as they acted in the forward
+    (`gspo.models.routing.recompute_contexts`)."""
+    from gspo.models.routing import recompute_contexts
+
+    kwargs = {"use_reentrant": False, "context_fn": recompute_contexts}
     if _ACTIVATION_CHECKPOINTING and enabled:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     elif _ACTIVATION_CHECKPOINTING:

@@ -6,7 +6,9 @@ after one gradient update, which moves GRPO's token ratios but barely moves GSPO
 ratio. `RouteTracker` makes that measurable on any Hugging Face MoE whose routers follow
 transformers' `*TopKRouter` contract (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and ~25 others; the
 DeepSeek-V2/V3 line's `*TopkRouter` too, for route metrics and R3):
-``router(h) -> (logits (n, E), scores (n, k), indices (n, k))``.
+``router(h) -> (logits (n, E), scores (n, k), indices (n, k))``. Llama 4's router returns
+(scores (n, E), logits (n, E)) instead; its experts are read from the logits as it picks them
+(`dense_scores`), and replay writes its sigmoid gates back in that form.
 
 - `capture`: the π_old pass records each real token's top-k experts per MoE layer, in rollout
   coordinates (row, column of ``[prompt | completion]``), so that any later micro-batch split
@@ -34,7 +36,8 @@ on the model's device, e.g. 256 sequences × 1,024 tokens × 48 layers × 8 = 20
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+import weakref
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -44,9 +47,19 @@ from gspo.config import ConfigError
 def find_routers(model) -> list[torch.nn.Module]:
     """The MoE routers of `model`, in layer order (empty for a dense model): transformers'
     ``*TopKRouter`` modules and the ``*TopkRouter`` ones of the DeepSeek-V2/V3 line (GLM-4.5 MoE,
-    Kimi, dots1, …), which have the same contract but gate with a sigmoid over expert groups."""
+    Kimi, dots1, …), which have the same contract but gate with a sigmoid over expert groups, and
+    Llama 4's ``Llama4Router`` (`dense_scores`)."""
     return [m for m in model.modules()
-            if type(m).__name__.lower().endswith("topkrouter") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+            if (type(m).__name__.lower().endswith("topkrouter") or dense_scores(m))
+            and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+
+
+def dense_scores(router) -> bool:
+    """Whether `router` is Llama 4's kind: an `nn.Linear` subclass named ``*Router`` that returns
+    (scores (n, E), logits (n, E)), its k experts picked by ``topk`` of the logits and gated by a
+    sigmoid of theirs, every other expert's score 0 (`_dense_replay_scores`)."""
+    return (isinstance(router, torch.nn.Linear) and type(router).__name__.lower().endswith("router")
+            and not type(router).__name__.lower().endswith("topkrouter"))
 
 
 def no_routers(model) -> str:
@@ -57,7 +70,7 @@ def no_routers(model) -> str:
     if not moe:
         return "the model has no MoE routers"
     return (f"gspo finds no router it can hook in this MoE ({', '.join(moe[:4])}): it hooks transformers' "
-            "TopKRouter modules (Qwen-MoE, Mixtral, OLMoE, DeepSeek, GLM-MoE, gpt-oss, ...)")
+            "TopKRouter modules (Qwen-MoE, Mixtral, OLMoE, DeepSeek, GLM-MoE, gpt-oss, ...) and Llama 4's router")
 
 
 def _replay_scores(router, logits: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -69,9 +82,66 @@ def _replay_scores(router, logits: torch.Tensor, idx: torch.Tensor, like: torch.
     return w.to(like.dtype)
 
 
-def _softmax_gated(router, logits: torch.Tensor, idx: torch.Tensor, scores: torch.Tensor) -> bool:
-    """Whether the router's gate weights are `_replay_scores`'s rule on its own output."""
-    return torch.allclose(_replay_scores(router, logits, idx, scores).float(), scores.float(), atol=1e-3, rtol=1e-3)
+@torch.no_grad()  # (a check, run once: nothing of it may enter the graph that a checkpoint recomputes)
+def _gated_by_rule(router, logits: torch.Tensor, idx: torch.Tensor, scores: torch.Tensor, dense: bool) -> bool:
+    """Whether the router's gate weights are replay's rule on its own output: `_dense_replay_scores`
+    for a router with `dense_scores`, else `_replay_scores` (softmax, top-k renormalisation)."""
+    if dense:
+        rule = _dense_replay_scores(logits, idx, scores)
+    elif scores.shape != idx.shape:
+        return False
+    else:
+        rule = _replay_scores(router, logits, idx, scores)
+    return torch.allclose(rule.float(), scores.float(), atol=1e-3, rtol=1e-3)
+
+
+def _dense_replay_scores(logits: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Llama 4's gate weights (n, E) for the experts `idx` (n, k): the sigmoid of each chosen
+    expert's logit, 0 for the others (the sigmoid of -inf)."""
+    picked = torch.full_like(logits, float("-inf")).scatter(1, idx.long(), logits.gather(1, idx.long()))
+    return torch.sigmoid(picked.float()).to(like.dtype)
+
+
+def _as_topk(router, output, k: int):
+    """(logits, scores, experts, dense) of a router's output: transformers' TopKRouter contract
+    (logits, weights (n, k), experts (n, k)) as it is, or, for a router with `dense_scores`,
+    (scores (n, E), logits (n, E)) with its experts taken from the logits as it takes them
+    (None when the output is neither)."""
+    if isinstance(output, tuple) and len(output) == 3:
+        return (*output, False)
+    if (dense_scores(router) and isinstance(output, tuple) and len(output) == 2
+            and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in output) and output[0].shape == output[1].shape):
+        scores, logits = output
+        return logits, scores, torch.topk(logits.detach(), k, dim=-1).indices, True
+    return None
+
+
+_TRACKERS: weakref.WeakSet = weakref.WeakSet()  # every RouteTracker with hooks on a model
+
+
+def recompute_contexts():
+    """torch.utils.checkpoint's `context_fn` (`gspo.models.set_activation_checkpointing`): at a
+    checkpointed layer's forward, the state of every tracker in a pass now, put back around the
+    layer's recomputation in the backward pass, where the tracker's forward context is long
+    closed. The router hooks then compute in the recomputation what they computed in the
+    forward (replay's gate weights, the load-balancing terms, so that torch finds the same
+    saved tensors), and record and count nothing a second time."""
+    live = [(t, t._state()) for t in list(_TRACKERS) if t._mode is not None]
+    return nullcontext(), (_recomputing(live) if live else nullcontext())
+
+
+@contextmanager
+def _recomputing(live: list):
+    before = [(t, t._state(), t._recompute) for t, _ in live]
+    for t, state in live:
+        t._set_state(state)
+        t._recompute = True
+    try:
+        yield
+    finally:
+        for t, state, again in before:
+            t._set_state(state)
+            t._recompute = again
 
 
 class RouteTracker:
@@ -93,7 +163,10 @@ class RouteTracker:
         self.aux = False  # accumulate the load-balancing loss's sums in forwards with autograd on
         self._aux_sums: list = []  # per router call: (Σ w·probs (E,), Σ w·picks (E,), Σ w)
         self.partial = False  # routes with unknown tokens that replay may leave alone (the sampler's)
+        self._recompute = False  # in a checkpointed layer's recomputation (`recompute_contexts`)
         self._handles = [r.register_forward_hook(self._hook_for(i)) for i, r in enumerate(self.routers)]
+        if self.routers:
+            _TRACKERS.add(self)
 
     @property
     def active(self) -> bool:
@@ -102,6 +175,13 @@ class RouteTracker:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+        _TRACKERS.discard(self)
+
+    def _state(self) -> tuple:
+        return self._mode, self._replay, self._slot, self._whole
+
+    def _set_state(self, state: tuple) -> None:
+        self._mode, self._replay, self._slot, self._whole = state
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -201,7 +281,9 @@ class RouteTracker:
         probs = torch.softmax(logits.float(), dim=-1)  # (n, E)
         picks = torch.zeros(probs.shape[-1], dtype=w.dtype, device=w.device)
         picks.scatter_add_(0, idx.reshape(-1).long(), w.repeat_interleave(idx.shape[-1]))
-        self._aux_sums.append(((w[:, None] * probs).sum(0), picks, w.sum()))
+        sums = ((w[:, None] * probs).sum(0), picks, w.sum())
+        if not self._recompute:  # (recomputed for torch's checkpoint: counted once, in the forward)
+            self._aux_sums.append(sums)
 
     # ------------------------------------------------------------------ the hook
 
@@ -230,22 +312,23 @@ class RouteTracker:
         def hook(module, args, output):
             if self._mode is None:
                 return None
-            if not (isinstance(output, tuple) and len(output) == 3):  # not the contract: not tracked
+            read = _as_topk(module, output, self.k)
+            if read is None:  # not the contract: not tracked
                 if self._replay or (self.aux and torch.is_grad_enabled()):
                     raise RuntimeError(f"{type(module).__name__} does not return (logits, weights, experts), "
                                        "which Routing Replay and the load-balancing loss read")
                 return None
-            logits, scores, idx = output
+            logits, scores, idx, dense = read
             rows, off, mask, fan = self._slot
             b, length = mask.shape
             if idx.shape[0] != b * length:  # not this slot's forward (e.g. a one-off probe): leave it
                 return None
             if self.aux and torch.is_grad_enabled():
                 if ("aux", layer) not in self._checked:  # the loss reads softmax gate probabilities
-                    if not _softmax_gated(module, logits, idx, scores):
+                    if dense or not _gated_by_rule(module, logits, idx, scores, dense=False):
                         raise ConfigError(f"config field 'algo.router_aux_loss_coef': {type(module).__name__} does "
-                                          "not gate with a softmax over its logits (DeepSeek-V3-style sigmoid "
-                                          "routing), so the Switch load-balancing loss is not defined for it; "
+                                          "not gate with a softmax over its logits (sigmoid routing, as "
+                                          "in DeepSeek-V3 and Llama 4), so the Switch load-balancing loss is not defined for it; "
                                           "set it to 0")
                     self._checked.add(("aux", layer))
                 self._add_aux(logits, idx, mask, fan)
@@ -261,13 +344,15 @@ class RouteTracker:
                 t_rows, t_cols, fan_mask = self._coords(all_rows, off, mask[inverse])
                 t_new = idx.view(b, length, -1)[inverse].reshape(-1, idx.shape[-1])[fan_mask]
             if self._mode == "capture":
-                self.routes[t_rows, t_cols, layer] = t_new.to(self.dtype)
+                if not self._recompute:
+                    self.routes[t_rows, t_cols, layer] = t_new.to(self.dtype)
                 return None
             old_t = self.routes[t_rows, t_cols, layer].long()  # (m, k)
-            known = (old_t >= 0).all(-1)
-            same = (t_new.long()[:, :, None] == old_t[:, None, :]).any(-1).sum(-1)  # (m,) shared experts
-            self._changed[layer] += (self.k - same[known]).sum().item()
-            self._total[layer] += self.k * known.sum().item()
+            if not self._recompute:
+                known = (old_t >= 0).all(-1)
+                same = (t_new.long()[:, :, None] == old_t[:, None, :]).any(-1).sum(-1)  # (m,) shared experts
+                self._changed[layer] += (self.k - same[known]).sum().item()
+                self._total[layer] += self.k * known.sum().item()
             if not self._replay:
                 return None
             old = old_t if fan is None else self.routes[r_idx, c_idx, layer].long()  # the tokens run
@@ -278,13 +363,16 @@ class RouteTracker:
                                        "(replay needs the trainer's π_old pass over the same rollout)")
                 old = torch.where(unknown[:, None], idx[flat_mask].long(), old)  # (see `_last_tokens`)
             if layer not in self._checked:  # the gate-weight rule must reproduce this router
-                if not _softmax_gated(module, logits, idx, scores):
+                if not _gated_by_rule(module, logits, idx, scores, dense):
+                    rule = "top-k sigmoid" if dense else "softmax + top-k renormalisation"
                     raise ConfigError(f"config field 'algo.routing_replay': {type(module).__name__} computes gate "
-                                      "weights in a way gspo does not reproduce (softmax + top-k renormalisation); "
+                                      f"weights in a way gspo does not reproduce ({rule}); "
                                       "replay is off limits for this model")
                 self._checked.add(layer)
             rep_idx = idx.clone()
             rep_idx[flat_mask] = old.to(idx.dtype)
+            if dense:
+                return _dense_replay_scores(logits, rep_idx, scores), logits
             return logits, _replay_scores(module, logits, rep_idx, scores), rep_idx
 
         return hook

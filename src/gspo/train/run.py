@@ -87,7 +87,10 @@ def build_policy(cfg: Config, device: torch.device | None = None):
                                  trust_remote_code=m.trust_remote_code)
     use_cpu_gqa_attention(model)  # a no-op off the CPU or without grouped-query attention
     if m.gradient_checkpointing:
-        set_activation_checkpointing(model, True)
+        try:
+            set_activation_checkpointing(model, True)
+        except ValueError as e:  # transformers: "XForCausalLM does not support activation checkpointing."
+            raise ConfigError(f"config field 'model.gradient_checkpointing': {e} Set it to false.") from None
         model.config.use_cache = False
     if cfg.lora.enabled:
         import peft
