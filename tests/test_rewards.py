@@ -71,6 +71,18 @@ def test_exact_answer(completion, expected):
     assert exact_answer(["p"], [completion], answer=["19"]) == [expected]
 
 
+def test_an_empty_or_nan_answer_is_missing_not_matched_by_anything():
+    """An empty cell (a CSV's "", pandas' or parquet's NaN, blank text) is a missing answer: it
+    used to match every completion, since a completion without \\boxed{} or <answer> offered ""
+    as a candidate, and NaN matched only the text "nan"."""
+    nan = float("nan")
+    assert exact_answer(["p"] * 5, ["junk", "", "nan", "  ", "\\boxed{}"], answer=["", "", nan, "  ", " "]) == [None] * 5
+    assert exact_answer(["p"] * 2, ["4", "<answer></answer>"], answer=[["", "4"], ["", None]]) == [1.0, None]
+    # a whole number written as a float (pandas' integer column with an empty cell) also in its integer form
+    assert exact_answer(["p"] * 4, ["4", "4", "4.0", "4.5"], answer=[4.0, "4.0", "4", "4"]) == [1.0, 1.0, 0.0, 0.0]
+    assert exact_answer(["p"], ["True"], answer=[True]) == [1.0]
+
+
 def test_exact_answer_nested_braces_missing_answer_and_chat_shape():
     assert exact_answer(["p"], ["\\boxed{\\frac{1}{2}}"], answer=["\\frac{1}{2}"]) == [1.0]
     assert exact_answer(["p", "p"], ["1", "1"], answer=[None, 1]) == [None, 1.0]  # int answer compared as str

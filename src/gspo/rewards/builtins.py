@@ -43,23 +43,45 @@ def completion_text(completion: Any) -> str:
     raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
 
 
+_WHOLE_FLOAT = re.compile(r"^([+-]?\d+)\.0+$")
+
+
+def gold_answers(gold) -> set[str]:
+    """The accepted forms of one row's `answer` (empty: the answer is missing). Missing are None,
+    NaN (an empty cell read by pandas or parquet) and empty or blank text; a list accepts any
+    of its items. A whole number written as a float, as pandas writes an integer column that
+    has an empty cell (4.0 for 4), is accepted in its integer form too."""
+    out: set[str] = set()
+    for g in gold if isinstance(gold, (list, tuple)) else [gold]:
+        if g is None or (isinstance(g, float) and g != g):
+            continue
+        text = str(g).strip()
+        if not text:
+            continue
+        out.add(text)
+        if (m := _WHOLE_FLOAT.match(text)) and not isinstance(g, bool):
+            out.add(str(int(m.group(1))))
+    return out
+
+
 def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float | None]:
     """1.0 when the completion's answer equals the `answer` column (after stripping whitespace),
-    else 0.0; None where the answer is missing. The completion's answer is the whole completion,
-    the last \\boxed{...}, or the last <answer>...</answer> (any may match). A list-valued answer
-    accepts any of its items; a non-string answer is compared as `str(answer)`."""
+    else 0.0; None where the answer is missing (`gold_answers`: None, NaN, empty or blank). The
+    completion's answer is the whole completion, the last \\boxed{...}, or the last
+    <answer>...</answer> (any may match; an empty one never does). A list-valued answer accepts
+    any of its items; a non-string answer is compared as `str(answer)`."""
     if answer is None:
         return [None] * len(completions)
     out: list[float | None] = []
     for completion, gold in zip(completions, answer):
-        if gold is None:
+        golds = gold_answers(gold)
+        if not golds:
             out.append(None)
             continue
-        golds = {str(g).strip() for g in (gold if isinstance(gold, (list, tuple)) else [gold])}
         text = completion_text(completion)
         tags = _ANSWER_TAG.findall(text)
-        candidates = [text, _last_boxed(text) or "", tags[-1] if tags else ""]
-        out.append(float(any(c.strip() in golds for c in candidates)))
+        candidates = [text, _last_boxed(text), tags[-1] if tags else None]
+        out.append(float(any(c is not None and c.strip() in golds for c in candidates)))
     return out
 
 
@@ -85,10 +107,11 @@ def math_verify(prompts, completions, answer=None, **kwargs) -> list[float | Non
     t = 5 if threading.current_thread() is threading.main_thread() else None
     out: list[float | None] = []
     for completion, gold_text in zip(completions, answer):
-        if gold_text is None:
+        golds = gold_answers(gold_text)
+        if not golds:  # None, NaN, empty or blank: missing
             out.append(None)
             continue
-        gold_text = str(gold_text)
+        gold_text = str(gold_text).strip()
         gold = parse(gold_text, parsing_timeout=t) or parse(f"${gold_text}$", parsing_timeout=t)
         if not gold:
             out.append(None)
