@@ -303,6 +303,46 @@ def test_reward_files_beside_the_config_and_by_path(tmp_path, saved, monkeypatch
     assert "reward/record/mean" in rec and "reward/score/mean" in rec
 
 
+def test_a_runs_config_means_the_same_from_another_directory_and_gspo_eval_takes_the_data_named(
+        tmp_path, saved, monkeypatch):
+    """The model, data and reward module found from the working directory are written to
+    RUN/config.yaml as absolute paths, so that `gspo eval RUN/final --config RUN/config.yaml`
+    works from anywhere (it said 'dataset path ... does not exist'); it reads the held-out data
+    alone, and a dataset named on its command line is the one evaluated (the config's
+    data.eval_source was taken instead)."""
+    import shutil
+
+    from artifacts import plain_rows
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    shutil.copytree(saved("qwen3"), work / "ckpt")
+    (work / "my_rewards.py").write_text(RECORDER)
+    write_plain_jsonl(work / "train.jsonl", n=8)
+    write_jsonl(work / "held.jsonl", [dict(r, tag="held") for r in plain_rows(4)])
+    write_jsonl(work / "other.jsonl", [dict(r, tag="other") for r in plain_rows(4)])
+    cols = tmp_path / "cols.jsonl"
+    monkeypatch.setenv("GSPO_TEST_COLUMNS", str(cols))
+    monkeypatch.chdir(work)
+    assert main(["train", "model.name_or_path=ckpt", *SMALL, "data.source=train.jsonl", "data.eval_source=held.jsonl",
+                 "eval.enabled=false", 'rewards.functions=[{name: "my_rewards:record"}]', f"output.dir={tmp_path}",
+                 "output.name=run"]) == 0
+    run = tmp_path / "run"
+    stored = load_config(run / "config.yaml", [])
+    assert stored.model.name_or_path == str((work / "ckpt").resolve())
+    assert (stored.data.source, stored.data.eval_source) == (str((work / "train.jsonl").resolve()),
+                                                             str((work / "held.jsonl").resolve()))
+    assert stored.rewards.functions[0].name == f"{(work / 'my_rewards.py').resolve()}:record"
+    (work / "train.jsonl").unlink()  # evaluation needs the held-out data only
+    monkeypatch.chdir(elsewhere)
+    for data, tag in ((None, "held"), (str(work / "other.jsonl"), "other")):
+        cols.unlink(missing_ok=True)
+        assert main(["eval", str(run / "final"), *([data] if data else []), "--config", str(run / "config.yaml"),
+                     "--num-prompts", "2"]) == 0
+        assert _columns_seen(cols)[-1]["tag"] == [tag, tag]
+
+
 def test_an_unknown_reward_file_or_module_is_one_error_naming_the_entry(tmp_path, capsys):
     for name in ("no_such_module:fn", "missing/file.py:fn"):
         rc = main(["train", *SMALL, f"output.dir={tmp_path}", "output.name=bad",

@@ -64,12 +64,14 @@ def cmd_eval(args) -> int:
         data, extra = None, [data]
     if data is None and args.config is None:
         data = "arithmetic"  # no dataset named anywhere: the built-in task
-    overrides = [f"model.name_or_path={args.model}", *([f"data.source={data}"] if data is not None else []),
+    # a dataset named here is the one evaluated, whatever data.eval_source the config names
+    overrides = [f"model.name_or_path={args.model}", *([f"data.source={data}", "data.eval_source=null"]
+                                                       if data is not None else []),
                  *(f"{k}={v}" for k, v in flags.items() if v is not None), *extra, *args.overrides]
     cfg = load_config(args.config, overrides)
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
-    rows, held = load_prompt_rows(cfg)
+    rows, held = load_prompt_rows(cfg, train=False)
     rows = held or rows
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)

@@ -73,26 +73,44 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     for section in (cfg.model, cfg.rollout):  # YAML reads a bare `no` as false: the setting means "no"
         if section.mixed_precision == "False":
             section.mixed_precision = "no"
-    if path is not None:
-        here = Path(path).resolve().parent
-        for f in cfg.rewards.functions:
-            f.name = anchor_import_path(f.name, here)
-        cfg.data.source = anchor_file_path(cfg.data.source, here)
-        if cfg.data.eval_source:
-            cfg.data.eval_source = anchor_file_path(cfg.data.eval_source, here)
+    anchor_paths(cfg, Path(path).resolve().parent if path is not None else None)
     fill_clip(cfg)
     validate(cfg)
     return cfg
 
 
-def anchor_file_path(value: str, config_dir: Path) -> str:
-    """A relative data path of a config file: kept when it exists from the working directory (or
-    names nothing on disk, e.g. a built-in task), made absolute when it exists beside the config
-    file instead, as reward files are (`anchor_import_path`)."""
-    p = Path(value).expanduser()
-    if p.is_absolute() or p.exists() or not (config_dir / p).exists():
+def anchor_paths(cfg: Config, config_dir: Path | None) -> None:
+    """Every path of `cfg` that names something on disk made absolute, found from the working
+    directory or, failing that, beside the config file (`config_dir`; None: no file): the
+    model, the data, the reward functions, the tools, the environment and a tool parser given
+    by import path. The run's own config.yaml then means the same from anywhere (`gspo eval
+    --config RUN/config.yaml`, a resume started from another directory)."""
+    m, d, r = cfg.model, cfg.data, cfg.rollout
+    m.name_or_path = anchor_file_path(m.name_or_path, config_dir)
+    d.source = anchor_file_path(d.source, config_dir)
+    if d.eval_source:
+        d.eval_source = anchor_file_path(d.eval_source, config_dir)
+    for f in cfg.rewards.functions:
+        f.name = anchor_import_path(f.name, config_dir)
+    r.tools = [anchor_import_path(t, config_dir) if isinstance(t, str) else t for t in r.tools]
+    if r.environment:
+        r.environment = anchor_import_path(r.environment, config_dir)
+    r.tool_parser = anchor_import_path(r.tool_parser, config_dir)
+
+
+def anchor_file_path(value: str, config_dir: Path | None) -> str:
+    """A relative path made absolute where it exists: from the working directory, else beside the
+    config file (`config_dir`), as reward files are (`anchor_import_path`). A value that names
+    nothing on disk (a built-in task, a hub id) is returned unchanged."""
+    if not value:
         return value
-    return str((config_dir / p).resolve())
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return value
+    for base in (Path.cwd(), config_dir):
+        if base is not None and (base / p).exists():
+            return str((base / p).resolve())
+    return value
 
 
 def module_in(folder: Path, top: str) -> bool:
@@ -100,38 +118,55 @@ def module_in(folder: Path, top: str) -> bool:
     return (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()
 
 
-def anchor_import_path(name: str, config_dir: Path) -> str:
-    """An import path of a config file made independent of the working directory.
+def anchor_import_path(name: str, config_dir: Path | None) -> str:
+    """An import path made independent of the working directory.
 
     'file.py:fn' relative to the working directory or, failing that, to `config_dir` becomes
-    absolute; 'module:fn' whose module is neither installed nor in the working directory but is
-    a file or package beside the config file becomes that file's absolute path. Anything else
-    (built-in names, installed modules, names that resolve nowhere) is returned unchanged, and
-    `gspo.rewards` reports it when it fails to import. A reward model's 'model:PATH' or
-    'judge:PATH' has its PATH anchored as a data file's is (`anchor_file_path`)."""
+    absolute; 'module:fn' whose module is not installed but is a file or package in the working
+    directory or, failing that, beside the config file becomes that file's absolute path (an
+    installed module of the same name wins, as when it is imported). Anything else (built-in
+    names, installed modules, names that resolve nowhere) is returned unchanged, and the loader
+    reports it when it fails to import. A reward model's 'model:PATH' or 'judge:PATH' has its
+    PATH anchored as a data file's is (`anchor_file_path`)."""
     module, sep, attr = name.partition(":")
     if not sep or not module or not attr:
         return name
     if module in ("model", "judge"):  # a reward model's folder (or hub id): a path like a data file's
         return f"{module}:{anchor_file_path(attr, config_dir)}"
+    bases = [b for b in (Path.cwd(), config_dir) if b is not None]
     if module.endswith(".py"):
         p = Path(module).expanduser()
         if p.is_absolute():
             return name
-        for base in (Path.cwd(), config_dir):
+        for base in bases:
             if (base / p).is_file():
                 return f"{(base / p).resolve()}:{attr}"
         return name
-    import importlib.util
-
     top = module.split(".")[0]
-    if module_in(Path.cwd(), top) or not module_in(config_dir, top) or importlib.util.find_spec(top) is not None:
+    base = next((b for b in bases if module_in(b, top)), None)
+    if base is None or _installed(top, base):
         return name
     rel = Path(*module.split("."))
-    target = config_dir / rel.with_suffix(".py")
+    target = base / rel.with_suffix(".py")
     if not target.is_file():
-        target = config_dir / rel / "__init__.py"
-    return f"{target.resolve()}:{attr}"
+        target = base / rel / "__init__.py"
+    return f"{target.resolve()}:{attr}" if target.is_file() else name
+
+
+def _installed(top: str, folder: Path) -> bool:
+    """Whether the module `top` imports from somewhere other than `folder` (an installed module,
+    or one on sys.path), which an import by name would then take."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    where = [Path(x).resolve() for x in (spec.submodule_search_locations or [])] or \
+        ([Path(spec.origin).resolve().parent] if spec.origin else [])
+    return not any(w in (folder.resolve(), (folder / top).resolve()) for w in where)
 
 
 def to_yaml(cfg: Config) -> str:

@@ -14,12 +14,16 @@ from gspo.rewards.shaping import length_limit
 from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
 
 
-def load_prompt_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
+def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], list[dict]]:
     """Training and held-out rows. A built-in task's held-out split has up to eval.num_prompts
     rows whose prompts training never sees (fewer where the task runs out of them: `say_held_out`
-    tells), or fresh draws for a task whose prompts are all alike (`SAME_PROMPT_TASKS`)."""
+    tells), or fresh draws for a task whose prompts are all alike (`SAME_PROMPT_TASKS`).
+    `train=False` with a data.eval_source (`gspo eval`): the held-out rows alone, the training
+    source not even read."""
     d = cfg.data
-    if d.source in TASKS:
+    if not train and d.eval_source:
+        train = []
+    elif d.source in TASKS:
         train = make_task(d.source, d.num_prompts, seed=cfg.seed, difficulty=d.difficulty)
         n_held = cfg.eval.num_prompts
         held = make_task(d.source, n_held * 3, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
