@@ -318,7 +318,7 @@ def test_a_runs_config_means_the_same_from_another_directory_and_gspo_eval_takes
     work.mkdir()
     elsewhere.mkdir()
     shutil.copytree(saved("qwen3"), work / "ckpt")
-    (work / "my_rewards.py").write_text(RECORDER)
+    (work / "anchored_rewards.py").write_text(RECORDER)  # (a name no other test imports)
     write_plain_jsonl(work / "train.jsonl", n=8)
     write_jsonl(work / "held.jsonl", [dict(r, tag="held") for r in plain_rows(4)])
     write_jsonl(work / "other.jsonl", [dict(r, tag="other") for r in plain_rows(4)])
@@ -326,14 +326,14 @@ def test_a_runs_config_means_the_same_from_another_directory_and_gspo_eval_takes
     monkeypatch.setenv("GSPO_TEST_COLUMNS", str(cols))
     monkeypatch.chdir(work)
     assert main(["train", "model.name_or_path=ckpt", *SMALL, "data.source=train.jsonl", "data.eval_source=held.jsonl",
-                 "eval.enabled=false", 'rewards.functions=[{name: "my_rewards:record"}]', f"output.dir={tmp_path}",
+                 "eval.enabled=false", 'rewards.functions=[{name: "anchored_rewards:record"}]', f"output.dir={tmp_path}",
                  "output.name=run"]) == 0
     run = tmp_path / "run"
     stored = load_config(run / "config.yaml", [])
     assert stored.model.name_or_path == str((work / "ckpt").resolve())
     assert (stored.data.source, stored.data.eval_source) == (str((work / "train.jsonl").resolve()),
                                                              str((work / "held.jsonl").resolve()))
-    assert stored.rewards.functions[0].name == f"{(work / 'my_rewards.py').resolve()}:record"
+    assert stored.rewards.functions[0].name == f"{(work / 'anchored_rewards.py').resolve()}:record"
     (work / "train.jsonl").unlink()  # evaluation needs the held-out data only
     monkeypatch.chdir(elsewhere)
     for data, tag in ((None, "held"), (str(work / "other.jsonl"), "other")):
@@ -437,3 +437,56 @@ def test_a_model_with_a_cache_class_of_its_own_is_sent_to_generate(tmp_path, sav
     first = next(r for r in records(run_dir) if "loss" in r)
     assert first["mismatch/token_abs_max"] < 1e-2
     assert abs(first["ratio/seq_min"] - 1) < 1e-6 and abs(first["ratio/seq_max"] - 1) < 1e-6
+
+
+def test_a_chat_prompt_that_ends_with_an_assistant_turn_is_continued_as_trl_does(tmp_path, saved, monkeypatch, capsys):
+    """The last assistant turn is rendered open (continue_final_message, no new generation
+    prompt: it used to be closed and followed by a second assistant turn, so an answer in the
+    data sat in the context); reward functions get the prompt without it and the whole turn."""
+    from transformers import AutoTokenizer
+
+    from gspo.data import reward_view
+
+    model = saved("qwen3")
+    tok = AutoTokenizer.from_pretrained(model)
+    msgs = [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": "The answer is"}]
+    text = format_prompt(msgs, tok)
+    assert text == tok.apply_chat_template(msgs, tokenize=False, continue_final_message=True)
+    assert text.endswith("The answer is") and text.count("<|im_start|>assistant") == 1
+    assert reward_view(msgs, " 4") == (msgs[:1], [{"role": "assistant", "content": "The answer is 4"}])
+    assert reward_view(msgs[:1], "4") == (msgs[:1], [{"role": "assistant", "content": "4"}])
+    assert reward_view("2+2=", "4") == ("2+2=", "4")
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}, {"role": "assistant", "content": "Sum:"}],
+             "answer": str(i + 1)} for i in range(4)]
+    data = write_jsonl(tmp_path / "prefill.jsonl", rows)
+    (tmp_path / "seen_rewards.py").write_text(textwrap.dedent('''
+        import json, os
+
+        def seen(prompts, completions, **kw):
+            with open(os.environ["GSPO_TEST_SEEN"], "a") as f:
+                f.write(json.dumps({"prompts": prompts, "completions": completions}) + "\\n")
+            return [1.0] * len(completions)
+    '''))
+    monkeypatch.setenv("GSPO_TEST_SEEN", str(tmp_path / "seen.jsonl"))
+    train(tmp_path, model, f"data.source={data}", "eval.enabled=false",
+          f'rewards.functions=[{{name: "{tmp_path / "seen_rewards.py"}:seen"}}]')
+    assert "4 of 4 prompts (data.source" in capsys.readouterr().err
+    call = json.loads((tmp_path / "seen.jsonl").read_text().splitlines()[0])
+    assert all(len(p) == 1 and p[0]["role"] == "user" for p in call["prompts"])
+    assert all(c[0]["role"] == "assistant" and c[0]["content"].startswith("Sum:") for c in call["completions"])
+
+
+def test_held_out_prompts_too_long_are_counted_and_an_eval_source_without_answers_is_refused(tmp_path, saved, capsys):
+    model = saved("qwen3")
+    held = write_jsonl(tmp_path / "held.jsonl", [{"prompt": "1+1=" * 200, "answer": "2"}] * 2)
+    train(tmp_path, model, f"data.source={write_plain_jsonl(tmp_path / 'train.jsonl', n=8)}",
+          f"data.eval_source={held}", "data.max_prompt_tokens=64", name="long")
+    err = capsys.readouterr().err
+    assert f"dropped 2 held-out prompts (data.eval_source {held}) longer than 64 tokens" in err
+    assert "every prompt of data.eval_source" in err and "has no held-out split" not in err
+    no_answer = write_jsonl(tmp_path / "held_blank.jsonl", [{"prompt": "1+1=", "answer": ""}] * 2)
+    rc = main(["train", f"model.name_or_path={model}", *SMALL, f"output.dir={tmp_path}", "output.name=blank",
+               f"data.source={tmp_path / 'train.jsonl'}", f"data.eval_source={no_answer}"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"data.eval_source {no_answer} has no answer in it" in err and "rewards.functions[0].name" in err

@@ -238,17 +238,45 @@ def as_messages(prompt) -> list[dict]:
     return list(prompt)
 
 
+def prefill(prompt) -> str | None:
+    """The text of a chat prompt's last message when it is the assistant's, which the completion
+    continues (TRL's ``continue_final_message``), else None."""
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[-1], dict) \
+            and prompt[-1].get("role") == "assistant":
+        return prompt[-1].get("content") or ""
+    return None
+
+
+def reward_view(prompt, completion: str):
+    """(prompt, completion) as reward functions get them, in TRL's shapes: a plain prompt and its
+    completion text; a chat prompt and ``[{"role": "assistant", "content": ...}]``, where a
+    prompt that ends with an assistant turn loses that turn and the completion's content is its
+    text followed by what the model wrote (the turn the model continued, whole)."""
+    if isinstance(prompt, str):
+        return prompt, completion
+    start = prefill(prompt)
+    if start is None:
+        return prompt, [{"role": "assistant", "content": completion}]
+    return list(prompt[:-1]), [{"role": "assistant", "content": start + completion}]
+
+
 def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | None = None) -> str:
     """The text the policy is conditioned on.
 
     A plain-text prompt is returned as is (no template; `encode_texts` adds the tokenizer's
     BOS, if it has one, when the text is encoded). A chat prompt is rendered with
-    `tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)`. With
-    `tools` (the schemas of a tool episode, [] for a game without tools) the prompt is an
-    episode's first context: a plain text becomes one user message, rendered with the schemas.
+    `tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)`, or, when
+    its last message is the assistant's, with ``continue_final_message=True`` instead: the
+    completion continues that turn, as in TRL (`prefill`, `reward_view`). With `tools` (the
+    schemas of a tool episode, [] for a game without tools) the prompt is an episode's first
+    context: a plain text becomes one user message, rendered with the schemas; an episode
+    cannot start inside an assistant turn.
     """
     if tools is not None:
         prompt = as_messages(prompt)
+        if prefill(prompt) is not None:
+            raise DataError(f"format_prompt: a tool episode cannot start inside an assistant turn, and this prompt "
+                            f"ends with one: {prompt[-1]!r:.200}; drop that turn")
     if isinstance(prompt, str):
         return prompt
     if not getattr(tokenizer, "chat_template", None):
@@ -257,9 +285,10 @@ def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | 
             f"format_prompt: the dataset has chat prompts but tokenizer {name!r} has no "
             "chat_template; use plain-text prompts or a tokenizer with a chat template"
         )
+    cont = prefill(prompt) is not None
     try:
         text = tokenizer.apply_chat_template(list(prompt), tools=tools or None, tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=not cont, continue_final_message=cont)
     except Exception as e:
         raise DataError(f"format_prompt: the tokenizer's chat template failed on {prompt!r:.200}: {e}") from e
     if not isinstance(text, str):  # some versions return a list for batched input

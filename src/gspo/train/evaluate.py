@@ -12,7 +12,7 @@ import math
 import torch
 
 from gspo.config import EvalConfig
-from gspo.data import encode_texts, format_prompt
+from gspo.data import encode_texts, format_prompt, reward_view
 from gspo.models import eos_token_ids, generation_mode
 from gspo.rewards import reward_columns
 from gspo.rollout import left_pad
@@ -44,15 +44,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def _score(runner, rows: list[dict], completions: list, repeat: int) -> torch.Tensor:
+def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> torch.Tensor:
+    """Rewards of completion texts, `repeat` a row, in TRL's shapes for each row's prompt (`reward_view`)."""
     prompts = [r["prompt"] for r in rows for _ in range(repeat)]
+    prompts, completions = map(list, zip(*map(reward_view, prompts, texts))) if texts else ([], [])
     res = runner.score(prompts, completions, reward_columns(rows, repeat))
     first = next(iter(res.per_function))
     return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32)
 
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
-             generator=None, chat: bool = False, complete=None) -> dict:
+             generator=None, complete=None) -> dict:
     """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked.
     `complete(texts, pass_k) -> (greedy, samples or None, samples per prompt)` computes the
     completions elsewhere (async mode: on a generator); by default `model` and `generator` here."""
@@ -66,13 +68,12 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
             return greedy, ro.completions, ro.group_size
 
     comps, samples, n = complete(texts, pass_k)
-    wrap = (lambda c: [{"role": "assistant", "content": c}]) if chat else (lambda c: c)
-    total, first = _score(runner, rows, [wrap(c) for c in comps], 1)
+    total, first = _score(runner, rows, comps, 1)
     ok = first >= 1.0 - 1e-9
     m = {"eval/accuracy": ok.float().mean().item(),
          "eval/reward_mean": torch.nanmean(total).item()}
     if samples is not None:
-        _, first_k = _score(runner, rows, [wrap(c) for c in samples], n)
+        _, first_k = _score(runner, rows, samples, n)
         correct = (first_k >= 1.0 - 1e-9).view(len(rows), n).sum(-1)
         m[f"eval/pass@{pass_k}"] = sum(pass_at_k(n, int(c), pass_k) for c in correct) / len(rows)
     return m
@@ -97,7 +98,7 @@ def evaluate_run(run, version: int = 0) -> dict:
             out = run.remote.evaluate(version, texts, **kw)
             return out["greedy"], out["samples"], out["group_size"]
 
-        return evaluate(None, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards, chat=run.chat,
+        return evaluate(None, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
                         complete=complete, **kw)
     if not run.dist.is_main:
         return {}
@@ -110,8 +111,7 @@ def evaluate_run(run, version: int = 0) -> dict:
     if run.tools is not None:
         return evaluate_episodes(run, run.eval_rows[: cfg.eval.num_prompts], generator)
     return evaluate(run.generator_model, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
-                    max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator,
-                    chat=run.chat)
+                    max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gspo import algo
-from gspo.data import format_prompt
+from gspo.data import format_prompt, reward_view
 from gspo.rewards import reward_columns
 from gspo.rewards.runner import RewardResult
 from gspo.rewards.shaping import length_limit, overlong_buffer, overlong_penalty
@@ -102,10 +102,8 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
     prompts = [row["prompt"] for row in batch for _ in range(G)]
     if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
         completions = [list(t) for t in rollout.turns]
-    elif run.chat:  # TRL's conversational shape, so users' functions work unchanged
-        completions = [[{"role": "assistant", "content": c}] for c in rollout.completions]
-    else:
-        completions = list(rollout.completions)
+    else:  # TRL's shapes (conversational for chat prompts), so users' functions work unchanged
+        prompts, completions = map(list, zip(*map(reward_view, prompts, rollout.completions)))
     columns = reward_columns(batch, G)
     if rollout.env_reward is not None:  # what the episodes' environments reported
         columns["env_reward"] = list(rollout.env_reward)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from gspo.config import Config, ConfigError
-from gspo.data import DataError, filter_long_prompts, load_rows
+from gspo.data import DataError, filter_long_prompts, load_rows, prefill
 from gspo.rewards.shaping import length_limit
 from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
 
@@ -41,14 +41,21 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
     return train, held
 
 
-def say_held_out(cfg: Config, held: list[dict]) -> None:
+def say_held_out(cfg: Config, held: list[dict], dropped: int = 0, cap: tuple[int, str] | None = None) -> None:
     """With evaluation on, say where it will have fewer held-out prompts than eval.num_prompts
-    (none at all: the run logs no eval/ metrics)."""
-    if not cfg.eval.enabled or len(held) >= cfg.eval.num_prompts:
+    (none at all: the run logs no eval/ metrics), and how many were too long (`dropped`, over
+    `cap`)."""
+    if not cfg.eval.enabled:
         return
     d = cfg.data
+    if dropped and cap:
+        print(f"dropped {dropped} held-out prompts ({rows_source(cfg, True)}) longer than {cap[0]} tokens ({cap[1]})",
+              file=sys.stderr)
+    if len(held) >= cfg.eval.num_prompts:
+        return
     if not held:
-        why = (f"data.source {d.source} has no held-out split: name one with data.eval_source"
+        why = (f"every prompt of {rows_source(cfg, True)} is too long" if dropped else
+               f"data.source {d.source} has no held-out split: name one with data.eval_source"
                if d.source not in TASKS or d.eval_source else
                f"the task {d.source} has no prompt left that training does not see")
         print(f"warning: no held-out prompts ({why}); the run logs no eval/ metrics", file=sys.stderr)
@@ -109,20 +116,35 @@ def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | No
     if dropped and say:
         print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)
     if not rows:
-        raise DataError(f"data.source {cfg.data.source}: no prompt fits in {cap} tokens ({why})")
+        raise DataError(f"{rows_source(cfg, held)}: no prompt fits in {cap} tokens ({why})")
+    say_prefills(cfg, rows, held, say)
     return rows
+
+
+def say_prefills(cfg: Config, rows: list[dict], held: bool = False, say: bool = True) -> None:
+    """A note where chat prompts end with an assistant turn: the model continues that turn (as
+    TRL does), and reward functions get it whole (`gspo.data.reward_view`)."""
+    n = sum(prefill(r["prompt"]) is not None for r in rows)
+    if n and say:
+        print(f"note: {n} of {len(rows)} prompts ({rows_source(cfg, held)}) end with an assistant turn: the model "
+              f"continues that turn, and reward functions get it whole (drop the turn for a fresh answer)",
+              file=sys.stderr)
 
 
 ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
 
 
-def check_answer_column(cfg: Config, rows: list[dict]) -> None:
-    """A built-in reward that compares with the `answer` column, on data that has none, would
-    score nothing (every reward missing): one error before the model loads."""
+def check_answer_column(cfg: Config, rows: list[dict], held: bool = False) -> None:
+    """A built-in reward that compares with the `answer` column, on data that has none (or only
+    empty cells), would score nothing (every reward missing): one error before the model loads.
+    `held`: the rows are the held-out ones."""
+    from gspo.rewards.builtins import gold_answers
+
     for i, f in enumerate(cfg.rewards.functions):
-        if f.name in ANSWER_REWARDS and f.weight != 0 and not any(r.get("answer") is not None for r in rows):
+        if f.name in ANSWER_REWARDS and f.weight != 0 and rows and not any(gold_answers(r.get("answer")) for r in rows):
             columns = sorted({k for r in rows[:100] for k in r})
+            what = "has no answer in it" if any("answer" in r for r in rows) else "does not have"
             raise DataError(f"config field 'rewards.functions[{i}].name': {f.name} compares completions with the "
-                            f"dataset's 'answer' column, which data.source {cfg.data.source} does not have (its "
-                            f"columns: {', '.join(columns)}); name the reference answer 'answer' (MATH's is in "
-                            f"'solution', GSM8K's after '####' in 'answer')")
+                            f"dataset's 'answer' column, which {rows_source(cfg, held)} {what} (its columns: "
+                            f"{', '.join(columns)}); name the reference answer 'answer' (MATH's is in 'solution', "
+                            f"GSM8K's after '####' in 'answer')")

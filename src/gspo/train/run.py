@@ -299,6 +299,8 @@ def build_run(cfg: Config) -> Run:
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     enough_rows(cfg, len(rows))
     check_answer_column(cfg, rows)
+    if cfg.eval.enabled:
+        check_answer_column(cfg, eval_rows, held=True)
     resume_from = resume_point(cfg, d)                                   # checkpoint
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
@@ -327,11 +329,11 @@ def build_run(cfg: Config) -> Run:
             print(f"warning: {line}", file=sys.stderr)
     cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
     rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, cap=cap)
-    eval_rows, _ = (filter_long_prompts(eval_rows, tok, cap[0], schemas, source=rows_source(cfg, held=True))
-                    if eval_rows else ([], 0))
+    eval_rows, dropped_held = (filter_long_prompts(eval_rows, tok, cap[0], schemas, source=rows_source(cfg, held=True))
+                               if eval_rows else ([], 0))
     enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     if d.is_main:
-        say_held_out(cfg, eval_rows)
+        say_held_out(cfg, eval_rows, dropped_held, cap)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
     prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
