@@ -277,7 +277,7 @@ def test_reward_that_raises_fails_fast_naming_it(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("policy", ["skip", "zero"])
-def test_reward_errors_and_hangs_are_counted_under_a_policy(tmp_path, monkeypatch, policy):
+def test_reward_errors_and_hangs_are_counted_under_a_policy(tmp_path, monkeypatch, capsys, policy):
     monkeypatch.syspath_prepend(str(TESTS))
     rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false",
                "schedule.rollouts=1", "checkpoint.every=0", f"rewards.on_error={policy}", "rewards.timeout_s=1",
@@ -286,11 +286,16 @@ def test_reward_errors_and_hangs_are_counted_under_a_policy(tmp_path, monkeypatc
     rec = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert rec["reward/timeouts"] > 0 and rec["reward/errors"] > 0
     assert rec["loss"] is not None  # finite: None would mean NaN or inf
+    n = int(rec["reward/timeouts"] + rec["reward/errors"])
+    err = capsys.readouterr().err  # the failures the policy tolerated are said, not only counted
+    assert f"rollout 1: {n} rewards failed in this rollout" in err and f"rewards.on_error={policy}" in err
+    assert "this reward function always fails" in err or "timed out" in err
     if policy == "skip":
         assert rec["adv/frac_zero_std"] == 1.0  # every reward missing: no signal, advantages 0
+        assert "every reward was missing" in err and "rewards were equal" not in err
 
 
-def test_degenerate_rollouts_give_finite_loss(tmp_path, monkeypatch):
+def test_degenerate_rollouts_give_finite_loss(tmp_path, monkeypatch, capsys):
     """All rewards missing; every completion truncated at one token; empty completions in the update."""
     monkeypatch.syspath_prepend(str(TESTS))
     rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false",
@@ -300,6 +305,8 @@ def test_degenerate_rollouts_give_finite_loss(tmp_path, monkeypatch):
     rec = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert rec["reward/missing"] > 0 and rec["adv/frac_zero_std"] == 1.0
     assert rec["loss"] == 0.0 and rec["grad_norm"] == 0.0
+    err = capsys.readouterr().err
+    assert "every reward was missing" in err and "rewards failed" not in err  # None is no failure
 
 
 def test_a_run_directory_another_live_process_runs_in_is_refused(tmp_path):

@@ -155,6 +155,8 @@ class Run:
     lock: Path | None = None          # run_dir/.lock, rank 0's (`resume.claim_run_dir`)
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
+    reward_failures: int = 0                         # tolerated reward failures since the last warning
+    reward_failures_warned: float = -math.inf        # the rollout of the last such warning
 
     @property
     def device(self) -> torch.device:

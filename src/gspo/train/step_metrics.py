@@ -143,8 +143,29 @@ def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerStat
     console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
     rows = _due_completion_rows(run, state, scored)  # every process: the rows of all of them
     if d.is_main:
+        _warn_reward_failures(run, state.rollout, scored.rewards.errors, common)
         _warn_no_signal(run, state.rollout, common)
         _log_completions(run, console, sinks, state, scored.rollout.group_size, rows)
+
+
+def _warn_reward_failures(run: Run, rollout: int, errors: list[str], metrics: dict) -> None:
+    """Say so when rewards failed (a function raised or timed out) and rewards.on_error (skip or
+    zero) let the run go on: on the first rollout with failures, then at most once in
+    logging.no_signal_every rollouts, with the count since the last message and the first
+    failure's line (`reward/errors` and `reward/timeouts` log every rollout's counts)."""
+    failed = int(metrics.get("reward/errors", 0) + metrics.get("reward/timeouts", 0))
+    run.reward_failures += failed
+    if not failed:
+        return
+    every, last = run.cfg.logging.no_signal_every, run.reward_failures_warned
+    if last > -math.inf and (not every or rollout - last < every):
+        return
+    since = "in this rollout" if last == -math.inf else f"since rollout {last:g}"
+    run.reward_failures_warned, n, run.reward_failures = rollout, run.reward_failures, 0
+    handled = {"skip": "left out as missing", "zero": "scored 0"}.get(run.cfg.rewards.on_error, "")
+    first = f" First: {errors[0]}" if errors else ""
+    print(f"rollout {rollout}: {n} rewards failed {since}, {handled} (rewards.on_error={run.cfg.rewards.on_error}; "
+          f"reward/errors and reward/timeouts count them).{first}", file=sys.stderr, flush=True)
 
 
 def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
@@ -156,6 +177,12 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
         return
     run.no_signal_warned = rollout
     recent = run.no_signal[-every:]
+    if math.isnan(metrics.get("reward/mean", 0.0)):  # no reward at all (`rollout_metrics`: NaN where none is valid)
+        print(f"rollout {rollout}: every reward was missing ({sum(recent)} of the last {len(recent)} rollouts with no "
+              "signal): the reward functions returned None, or failed and rewards.on_error left them out "
+              "(reward/errors, reward/timeouts); the loss has no gradient. Check that the data has what they read "
+              "(an 'answer' column for exact_answer and math_verify).", file=sys.stderr, flush=True)
+        return
     print(f"rollout {rollout}: every group's rewards were equal ({sum(recent)} of the last {len(recent)} rollouts): "
           "the advantages are all 0 and the loss has no gradient. Check that the reward functions can tell the "
           "completions apart (rewards.functions), that the model can reach a reward at all (a short supervised "
