@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts import write_jsonl, write_plain_jsonl
+from artifacts import plain_rows, write_jsonl, write_plain_jsonl
 from gspo.rollout.hf import HFGenerator
 from gspo.models import logprobs
 from gspo.cli import main
@@ -312,8 +312,6 @@ def test_a_runs_config_means_the_same_from_another_directory_and_gspo_eval_takes
     data.eval_source was taken instead)."""
     import shutil
 
-    from artifacts import plain_rows
-
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir()
     elsewhere.mkdir()
@@ -490,3 +488,16 @@ def test_held_out_prompts_too_long_are_counted_and_an_eval_source_without_answer
     assert rc == 2
     err = capsys.readouterr().err
     assert f"data.eval_source {no_answer} has no answer in it" in err and "rewards.functions[0].name" in err
+
+
+def test_a_column_named_like_a_built_in_rewards_option_is_refused_at_start_up(tmp_path, saved, capsys):
+    """A `pattern` column reached `format` as its pattern (a list) and the run stopped after the
+    first rollout's sampling; code_tests' limits (memory_mb, timeout_s) could be raised by data."""
+    rows = [dict(r, pattern="x") for r in plain_rows(8)]
+    data = write_jsonl(tmp_path / "pattern.jsonl", rows)
+    rc = main(["train", f"model.name_or_path={saved('qwen3')}", *SMALL, f"output.dir={tmp_path}", "output.name=p",
+               f"data.source={data}", "rewards.functions=[{name: format}]"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"data.source {data}: column 'pattern' has the name of an option of the reward 'format'" in err
+    assert not (tmp_path / "p" / "config.yaml").exists()  # before the model loaded

@@ -206,6 +206,25 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
     return out
 
 
+# the dataset columns a built-in reward reads; its other named parameters are options (kwargs)
+BUILTIN_COLUMNS = {"exact_answer": ("answer",), "math_verify": ("answer",), "code_tests": ("tests",),
+                   "env_reward": ("env_reward",), "format": ()}
+
+
+def builtin_options(name: str) -> list[str]:
+    """The options of the built-in reward `name` (its named parameters that are not the columns
+    it reads), which a dataset column of the same name would otherwise replace ([] for a
+    function that is not a built-in)."""
+    if name not in BUILTIN_COLUMNS:
+        return []
+    try:
+        params = inspect.signature(resolve_reward(name)).parameters.values()
+    except (TypeError, ValueError, RewardConfigError):
+        return []
+    return [p.name for p in params if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+            and p.name not in ("prompts", "completions", *BUILTIN_COLUMNS[name])]
+
+
 def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:
     """A built-in reward's options are its named parameters: a misspelt one would otherwise vanish
     into **kwargs, and a `format` pattern that is not a regular expression would fail only at

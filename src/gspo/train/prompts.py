@@ -134,6 +134,21 @@ def say_prefills(cfg: Config, rows: list[dict], held: bool = False, say: bool = 
 ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
 
 
+def check_option_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:
+    """A dataset column named like a built-in reward's option (`format`'s `pattern`, `code_tests`'
+    `timeout_s` or `memory_mb`) would replace that option for every call: one error naming the
+    column, before the model loads (options are set in the function's kwargs)."""
+    from gspo.rewards import builtin_options
+
+    columns = {k for r in rows[:1000] for k in r}
+    for i, f in enumerate(cfg.rewards.functions):
+        clash = sorted(columns & set(builtin_options(f.name)))
+        if clash:
+            raise DataError(f"{rows_source(cfg, held)}: column {clash[0]!r} has the name of an option of the reward "
+                            f"'{f.name}' (rewards.functions[{i}]), which a column would replace; rename the column "
+                            f"(set the option in rewards.functions[{i}].kwargs)")
+
+
 def check_answer_column(cfg: Config, rows: list[dict], held: bool = False) -> None:
     """A built-in reward that compares with the `answer` column, on data that has none (or only
     empty cells), would score nothing (every reward missing): one error before the model loads.
