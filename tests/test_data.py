@@ -77,8 +77,10 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
     dd.save_to_disk(str(tmp_path / "dd"))
     assert load_rows(tmp_path / "dd") == ROWS[:1]  # default split "train"
     assert load_rows(tmp_path / "dd", split="test") == ROWS[1:]
-    with pytest.raises(DataError, match=r"no split 'valid'.*train, test"):
+    with pytest.raises(DataError, match=r"no split 'valid' \(data.split\).*train, test"):
         load_rows(tmp_path / "dd", split="valid")
+    with pytest.raises(DataError, match=r"data.split='test': .*ds is a single dataset with no splits"):
+        load_rows(tmp_path / "ds", prompt_column="text", split="test")  # (it was ignored: the whole set)
 
 
 def test_a_built_in_tasks_held_out_split_and_what_is_said_when_it_is_short(capsys):
@@ -126,6 +128,64 @@ def test_a_runs_held_out_rows_come_from_data_eval_split_of_a_dataset_dict(tmp_pa
 def test_missing_file_names_path(tmp_path):
     with pytest.raises(DataError, match="nope.jsonl"):
         load_rows(tmp_path / "nope.jsonl")
+
+
+def test_a_missing_path_names_the_field_where_it_looked_and_what_a_hub_id_needs(tmp_path):
+    with pytest.raises(DataError, match=r"data.eval_source: dataset path .*nope.jsonl' does not exist \(a relative path "
+                                        r"is looked for in the working directory"):
+        load_rows(tmp_path / "nope.jsonl", field="data.eval_source")
+    with pytest.raises(DataError, match="a hub dataset id is not downloaded: save the dataset with datasets' save_to_disk"):
+        load_rows("openai/gsm8k")
+
+
+def test_gzipped_and_upper_case_files_are_read_and_a_split_of_a_file_is_refused(tmp_path):
+    import gzip
+
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    with gzip.open(tmp_path / "d.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    with gzip.open(tmp_path / "d.csv.gz", "wt") as f:
+        f.write("prompt,answer\n1+1=,2\n2+2=,4\n")
+    (tmp_path / "D.JSONL").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("d.jsonl.gz", "d.csv.gz", "D.JSONL"):
+        assert load_rows(tmp_path / name) == rows, name
+    with pytest.raises(DataError, match=r"data.eval_split='test': .*D.JSONL is a single file with no splits"):
+        load_rows(tmp_path / "D.JSONL", split="test", field="data.eval_source", split_field="data.eval_split")
+
+
+def test_a_hub_style_folder_is_read_by_split(tmp_path):
+    """A dataset as the hub lays it out (data/<split>-0000i-of-0000n.parquet): the split's files
+    in order, as one dataset; a folder whose files name no split is read whole."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    pq.write_table(pa.Table.from_pylist(rows[:2]), hub / "data" / "train-00000-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[2:4]), hub / "data" / "train-00001-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[4:]), hub / "data" / "test-00000-of-00001.parquet")
+    (hub / "README.md").write_text("a dataset card")
+    assert load_rows(hub) == rows[:4] and load_rows(hub, split="test") == rows[4:]
+    with pytest.raises(DataError, match=r"no data files of split 'validation' \(data.split\); splits found: test, train"):
+        load_rows(hub, split="validation")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    (flat / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[3:]))
+    assert load_rows(flat) == rows
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="neither a datasets save_to_disk folder nor holds data files"):
+        load_rows(tmp_path / "empty")
+
+
+def test_a_json_object_and_a_short_csv_row_are_refused_saying_what_they_are(tmp_path):
+    (tmp_path / "obj.json").write_text(json.dumps({"data": [{"prompt": "x"}], "version": 1}, indent=2))
+    with pytest.raises(DataError, match=r"one JSON object \(keys 'data', 'version'\), not an array of rows"):
+        load_rows(tmp_path / "obj.json")
+    (tmp_path / "short.csv").write_text("prompt,answer,level\n1+1=,2,1\n2+2=,4\n")
+    with pytest.raises(DataError, match="row 3 has fewer cells than the header has columns"):
+        load_rows(tmp_path / "short.csv")
 
 
 def test_unknown_extension(tmp_path):

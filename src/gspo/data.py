@@ -4,7 +4,7 @@ A dataset here is a list of row dicts. Every row has a "prompt" (plain text, or 
 of {"role", "content"} messages) and any other columns (answers, tests, ...), which pass through
 untouched and reach the reward functions as keyword columns.
 
-`load_rows` reads JSONL, Parquet or a `datasets` save_to_disk folder; `format_prompt` turns a
+`load_rows` reads JSONL, JSON, CSV, Parquet, a `datasets` save_to_disk folder or a hub-style folder; `format_prompt` turns a
 prompt into the text the policy sees; `filter_long_prompts` drops prompts over a token budget;
 `PromptStream` deals out batches endlessly, deterministically and resumably. Built-in offline
 tasks live in `gspo.tasks`.
@@ -42,9 +42,25 @@ def _import_optional(module: str, purpose: str):
 # Loading
 
 
+def _open(path: Path, mode: str = "rb", **kw):
+    """`path` opened for reading, through gzip when its name ends in .gz."""
+    if path.name.lower().endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, mode if "b" in mode else "rt", **kw)
+    return path.open(mode, **kw)
+
+
+def _kind(path: Path) -> str:
+    """The format a file's name gives: its suffix, lower-cased, before a final .gz."""
+    name = path.name.lower()
+    name = name[:-3] if name.endswith(".gz") else name
+    return Path(name).suffix
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with path.open("rb") as f:
+    with _open(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM some editors write
@@ -67,10 +83,19 @@ def _read_json(path: Path) -> list[dict]:
     """A `.json` file: one JSON array of objects (what `json.dump(rows)` and pandas'
     `to_json(orient="records")` write), or JSON lines under a .json name (datasets' `to_json`)."""
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        with _open(path) as f:
+            text = f.read().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 (byte at offset {e.start}); JSON files are UTF-8: re-save it as UTF-8") from e
     if not text.lstrip().startswith("["):
+        try:  # one object spread over lines (rows under a key) is not JSON lines: say so
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None
+        if isinstance(whole, dict) and "\n" in text.strip():
+            keys = ", ".join(repr(k) for k in list(whole)[:8])
+            raise DataError(f"{path}: one JSON object (keys {keys}), not an array of rows or JSON lines; write the "
+                            f"rows as an array (e.g. the list under its key)")
         return _read_jsonl(path)
     try:
         rows = json.loads(text)
@@ -87,7 +112,7 @@ def _read_csv(path: Path) -> list[dict]:
     import csv
 
     try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
+        with _open(path, "r", newline="", encoding="utf-8-sig") as f:
             rows = list(csv.DictReader(f))
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 (byte at offset {e.start}); re-save it as UTF-8") from e
@@ -96,6 +121,8 @@ def _read_csv(path: Path) -> list[dict]:
     for i, row in enumerate(rows):
         if None in row:  # more cells than the header names
             raise DataError(f"{path}: row {i + 2} has more cells than the header has columns")
+        if any(v is None for v in row.values()):  # fewer (an empty cell is "", not None)
+            raise DataError(f"{path}: row {i + 2} has fewer cells than the header has columns")
     return rows
 
 
@@ -107,7 +134,46 @@ def _read_parquet(path: Path) -> list[dict]:
         raise DataError(f"{path}: cannot read as Parquet ({e})") from e
 
 
-def _read_saved_dataset(path: Path, split: str | None) -> list[dict]:
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """A folder written by datasets' save_to_disk (a Dataset's state.json, a DatasetDict's dataset_dict.json)."""
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _split_of(file: Path, root: Path) -> str | None:
+    """The split a data file of a hub-style folder belongs to: its name's first word
+    (train-00000-of-00002.parquet, test.jsonl) or a folder's name on its way down, if a split's."""
+    words = [file.name.lower().split(".")[0].replace("_", "-").split("-")[0]]
+    words += [part.lower() for part in file.relative_to(root).parts[:-1]]
+    return next((w for w in words if w in SPLITS), None)
+
+
+def _read_data_folder(path: Path, split: str | None, split_field: str) -> list[dict]:
+    """A folder of data files as the hub lays a dataset out (data/train-00000-of-00001.parquet,
+    ...): the files of `split` (default train), in name order, read as one dataset; a folder
+    whose files name no split is one dataset, read whole when no split is asked for."""
+    files = sorted(f for f in path.rglob("*") if f.is_file() and _kind(f) in _READERS
+                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    if not files:
+        raise DataError(f"{path}: a folder that is neither a datasets save_to_disk folder nor holds data files "
+                        f"({', '.join(_READERS)})")
+    splits = {f: _split_of(f, path) for f in files}
+    named = sorted({s for s in splits.values() if s})
+    if not named and split is None:
+        chosen = files
+    else:
+        want = split or "train"
+        chosen = [f for f in files if splits[f] == want]
+        if not chosen:
+            raise DataError(f"{path}: no data files of split {want!r} ({split_field}); splits found: "
+                            f"{', '.join(named) or 'none (the files name no split)'}")
+    return [row for f in chosen for row in _READERS[_kind(f)](f)]
+
+
+def _read_saved_dataset(path: Path, split: str | None, split_field: str = "data.split") -> list[dict]:
     datasets = _import_optional("datasets", f"the saved dataset folder {path}")
     try:
         ds = datasets.load_from_disk(str(path))
@@ -116,8 +182,11 @@ def _read_saved_dataset(path: Path, split: str | None) -> list[dict]:
     if isinstance(ds, datasets.DatasetDict):
         split = split or "train"
         if split not in ds:
-            raise DataError(f"{path}: no split {split!r}; splits found: {', '.join(ds)}")
+            raise DataError(f"{path}: no split {split!r} ({split_field}); splits found: {', '.join(ds)}")
         ds = ds[split]
+    elif split is not None:
+        raise DataError(f"{split_field}={split!r}: {path} is a single dataset with no splits; leave {split_field} "
+                        f"unset")
     return ds.to_list()
 
 
@@ -195,34 +264,41 @@ def _message(m: dict, where: str) -> dict:
 
 
 def load_rows(
-    source: str | os.PathLike, *, prompt_column: str = DataConfig.prompt_column, split: str | None = None
+    source: str | os.PathLike, *, prompt_column: str = DataConfig.prompt_column, split: str | None = None,
+    field: str = "data.source", split_field: str = "data.split",
 ) -> list[dict]:
     """Read a prompt dataset into a list of row dicts, with the prompt column named "prompt".
 
     `source` is a `.jsonl` file (one JSON object per line; blank lines skipped), a `.json` file
     (an array of objects, or JSON lines), a `.csv` file with a header (values are text), a
-    `.parquet` file, or a folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
-    for a DatasetDict, `split` picks one (default "train"); for a single Dataset `split` is
-    ignored. Parquet and saved datasets need the optional extra `gspo[data]`. All columns other
+    `.parquet` file (any of them but Parquet may be gzipped, `.jsonl.gz`), a folder written by
+    `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a folder of such files as
+    the hub lays a dataset out (`_read_data_folder`). `split` picks a DatasetDict's or a
+    folder's split (default "train"); a single file or Dataset has none, and naming one is an
+    error. Parquet and saved datasets need the optional extra `gspo[data]`. All columns other
     than the prompt column pass through unchanged. Rows of a JSONL file may have different keys.
+    `field` and `split_field` are the config fields errors name.
     """
     path = Path(source)
     if not path.exists():
-        raise DataError(f"load_rows: dataset path {str(path)!r} does not exist")
+        hint = ""
+        if len(Path(str(source)).parts) == 2 and not _kind(path):  # owner/name: a hub id
+            hint = ("; a hub dataset id is not downloaded: save the dataset with datasets' save_to_disk (or as a "
+                    ".jsonl or .parquet file) and name that")
+        raise DataError(f"{field}: dataset path {str(path)!r} does not exist (a relative path is looked for in the "
+                        f"working directory {os.getcwd()}, then beside the config file){hint}")
     if path.is_dir():
-        rows = _read_saved_dataset(path, split)
-    elif path.suffix == ".jsonl":
-        rows = _read_jsonl(path)
-    elif path.suffix == ".json":
-        rows = _read_json(path)
-    elif path.suffix == ".csv":
-        rows = _read_csv(path)
-    elif path.suffix == ".parquet":
-        rows = _read_parquet(path)
+        rows = (_read_saved_dataset(path, split, split_field) if _is_saved_dataset(path)
+                else _read_data_folder(path, split, split_field))
+    elif _kind(path) in _READERS and not (path.name.lower().endswith(".gz") and _kind(path) == ".parquet"):
+        if split is not None:
+            raise DataError(f"{split_field}={split!r}: {path} is a single file with no splits; leave {split_field} "
+                            f"unset, or name the split's own file in {field}")
+        rows = _READERS[_kind(path)](path)
     else:
         raise DataError(
-            f"load_rows: cannot read {str(path)!r}: expected a .jsonl, .json, .csv or .parquet file, or a folder "
-            "made by datasets' save_to_disk"
+            f"{field}: cannot read {str(path)!r}: expected a .jsonl, .json, .csv or .parquet file (the first three "
+            "may be gzipped), a folder made by datasets' save_to_disk, or a folder of such files"
         )
     return validate_rows(rows, source=str(path), prompt_column=prompt_column)
 

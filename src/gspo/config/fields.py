@@ -86,16 +86,19 @@ class DistributedConfig:
 
 @dataclass
 class DataConfig:
-    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .json / .csv / .parquet / "
-                      "datasets save_to_disk path (relative: from the working directory, else beside the config file)")
+    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .json / .csv / .parquet "
+                      "file (.jsonl.gz, .json.gz, .csv.gz too), a datasets save_to_disk folder, or a folder of such "
+                      "files as the hub lays a dataset out (relative: from the working directory, else beside the "
+                      "config file)")
     prompt_column: str = doc("prompt", "column holding the prompt (a string, or a list of chat messages)")
-    split: Optional[str] = doc(None, "split to use when the source is a DatasetDict (default: train)")
+    split: Optional[str] = doc(None, "split of a DatasetDict or of a hub-style folder (train-*.parquet, test-*...; "
+                               "default: train); a single file or Dataset has none")
     difficulty: int = doc(1, "difficulty of the built-in task (1 = easiest)")
     num_prompts: int = doc(2000, "number of prompts generated for a built-in task")
     eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out "
                                      "split of eval.num_prompts prompts")
-    eval_split: Optional[str] = doc(None, "split of data.eval_source when it is a DatasetDict (default: train), "
-                                    "e.g. test")
+    eval_split: Optional[str] = doc(None, "split of data.eval_source when it is a DatasetDict or a hub-style folder "
+                                    "(default: train), e.g. test")
     max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count (fewer "
                                       "where a learned position table leaves less room beside the completion)")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded); false: file order, each epoch starting where "

@@ -32,11 +32,12 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
             held = [r for r in held if r["prompt"] not in seen]
         held = held[:n_held]
     else:
-        train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)
+        train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)  # (field: data.source)
         held = []
     if d.eval_source:
         held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
-                if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split))
+                if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split,
+                                                         field="data.eval_source", split_field="data.eval_split"))
         held = held[: cfg.eval.num_prompts]
     return train, held
 
