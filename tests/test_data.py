@@ -254,6 +254,21 @@ def test_chat_content_is_text_parts_are_joined_and_anything_else_is_refused():
             validate_rows([{"prompt": text_parts}, {"prompt": [{"role": "user", "content": bad}]}], source="src")
 
 
+def test_sharegpt_roles_system_only_chats_and_json_encoded_messages_are_refused_naming_the_row():
+    """Each went to the template or the model as it was: ShareGPT's roles (which most templates
+    render as unknown roles or drop), a conversation with no turn to answer, and a message list
+    written as text (a CSV cell), which trained on the JSON itself."""
+    ok = {"prompt": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(DataError, match=r"src: row 1, column 'prompt', message 0: role 'human' is ShareGPT's"):
+        validate_rows([ok, {"prompt": [{"role": "human", "content": "hi"}]}], source="src")
+    with pytest.raises(DataError, match=r"src: row 1, column 'prompt': the conversation has only system messages"):
+        validate_rows([ok, {"prompt": [{"role": "system", "content": "be brief"}]}], source="src")
+    as_text = json.dumps([{"role": "user", "content": "2+2="}])
+    with pytest.raises(DataError, match=r"src: row 0, column 'prompt' is text that holds a JSON list of chat messages"):
+        validate_rows([{"prompt": as_text}], source="src")
+    assert validate_rows([{"prompt": "[1, 2] + [3] ="}], source="src")[0]["prompt"] == "[1, 2] + [3] ="  # text
+
+
 def test_missing_prompt_column_lists_columns(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(DataError, match=r"no prompt column 'prompt'.*\['answer', 'question'\] \(data\.prompt_column "):

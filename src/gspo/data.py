@@ -245,14 +245,39 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
         if kind == "chat":
             new["prompt"] = [_message(m, f"{source}: row {i}, column {prompt_column!r}, message {j}")
                              for j, m in enumerate(prompt)]
+            if all(m.get("role") in ("system", "developer") for m in new["prompt"]):
+                raise DataError(f"{source}: row {i}, column {prompt_column!r}: the conversation has only system "
+                                f"messages; a prompt needs a user (or assistant) turn")
+        elif _looks_like_messages(prompt):
+            raise DataError(f"{source}: row {i}, column {prompt_column!r} is text that holds a JSON list of chat "
+                            f"messages, which would be trained on as plain text; store the list itself (JSONL, "
+                            f"Parquet or a saved dataset; a CSV cell can only hold text)")
         out.append(new)
     return out
+
+
+def _looks_like_messages(text: str) -> bool:
+    """Whether a text prompt is a JSON-encoded list of {"role", "content"} messages."""
+    t = text.strip()
+    if not (t.startswith("[") and t.endswith("]") and '"role"' in t):
+        return False
+    try:
+        value = json.loads(t)
+    except ValueError:
+        return False
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 
 
 def _message(m: dict, where: str) -> dict:
     """A chat message whose content is text: a string as it is; a list of text parts (the
     OpenAI / multimodal style) joined into one string, as templates that take parts render
     them; None only beside `tool_calls` (an assistant turn that only calls tools)."""
+    if m.get("role") in SHAREGPT_ROLES:
+        raise DataError(f"{where}: role {m['role']!r} is ShareGPT's; chat templates take "
+                        f"{', '.join(repr(r) for r in SHAREGPT_ROLES.values())}: rename the roles")
     content = m["content"]
     if isinstance(content, str) or (content is None and m.get("tool_calls")):
         return m
