@@ -328,3 +328,35 @@ def test_a_run_directory_another_live_process_runs_in_is_refused(tmp_path):
         holder.wait()
     gspo_train(tmp_path, "run", "schedule.rollouts=1")  # the holder is gone: its lock is stale
     assert not (tmp_path / "run" / ".lock").exists()
+
+
+def test_a_first_signal_is_acknowledged_and_a_second_stops_at_once_without_a_traceback(monkeypatch, capsys):
+    """The first Ctrl-C said nothing, so users pressed again, and the second raised a bare
+    KeyboardInterrupt (a traceback, and the rollout in progress lost without a word)."""
+    from gspo import cli
+    from gspo.train.loop import Interrupted, _StopRequest
+
+    with _StopRequest(say=True) as stop:
+        stop._handle(signal.SIGINT, None)
+        assert stop.signum == signal.SIGINT
+        with pytest.raises(Interrupted):
+            stop._handle(signal.SIGINT, None)
+    assert "stopping after the rollout in progress" in capsys.readouterr().err
+
+    def interrupted(args):
+        raise Interrupted
+
+    monkeypatch.setattr(cli, "cmd_train", interrupted)
+    assert cli.main(["train", *TINY]) == 130
+    err = capsys.readouterr().err
+    assert "stopped at once by a second signal" in err and "resume=auto" in err
+
+
+def test_checkpoints_are_also_saved_by_time(tmp_path):
+    """checkpoint.every=0 saved nothing before the end, so a killed process lost the whole run;
+    checkpoint.every_minutes (default 30) bounds what it can lose."""
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=3", "checkpoint.every=0", "checkpoint.every_minutes=1e-6")
+    ck = tmp_path / "run" / "checkpoints"
+    assert sorted(x.name for x in ck.glob("step-*")) == ["step-2", "step-4", "step-6"], p.stderr[-2000:]
+    gspo_train(tmp_path, "untimed", "schedule.rollouts=3", "checkpoint.every=0", "checkpoint.every_minutes=0")
+    assert sorted(x.name for x in (tmp_path / "untimed" / "checkpoints").glob("step-*")) == ["step-6"]

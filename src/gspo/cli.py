@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from gspo.rewards import RewardError
     from gspo.train import TrainingError
     from gspo.train.async_job import GeneratorError
+    from gspo.train.loop import Interrupted
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -175,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gspo {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted:  # a second Ctrl-C / SIGTERM: stopped at once, no traceback
+        print(f"gspo {args.command}: stopped at once by a second signal; the rollout in progress is lost, earlier "
+              f"checkpoints are intact (resume=auto continues from the last)", file=sys.stderr)
+        return 130
     except (TrainingError, RewardError, CheckpointError, GeneratorError) as e:
         # the run stopped for a stated reason; its last good state is on disk
         if os.environ.get("GSPO_TRACEBACK"):

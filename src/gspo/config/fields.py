@@ -291,7 +291,10 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = doc(0, "save a checkpoint every N rollouts (0 = only at the end and on SIGTERM/SIGINT)")
+    every: int = doc(0, "save a checkpoint every N rollouts (0 = none by count: at the end, on SIGTERM/SIGINT and by "
+                     "checkpoint.every_minutes)")
+    every_minutes: float = doc(30.0, "also save one after the rollout in which this many minutes have passed since the "
+                               "last (0 = off): what a killed process can lose")
     keep_last: int = doc(2, "checkpoints kept")
     max_bad_steps: int = doc(5, "stop after this many consecutive non-finite losses or gradient norms")
 

@@ -194,6 +194,7 @@ def validate(cfg: Config) -> None:
     _check(bool(cfg.logging.project), "logging.project", "must not be empty")
     c = cfg.checkpoint
     _check(c.every >= 0, "checkpoint.every", "must be >= 0")
+    _check(c.every_minutes >= 0, "checkpoint.every_minutes", "must be >= 0")
     _check(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
     _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
     _check(cfg.threads >= 0, "threads", "must be >= 0")

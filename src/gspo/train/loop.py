@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import signal as signals
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -346,12 +347,18 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
 # ---------------------------------------------------------------- the loop
 
 
-class _StopRequest:
-    """SIGTERM / SIGINT set a flag; the loop checkpoints after the current rollout and exits."""
+class Interrupted(KeyboardInterrupt):
+    """A second SIGINT / SIGTERM: the run stops at once, without saving the rollout in progress."""
 
-    def __init__(self):
+
+class _StopRequest:
+    """SIGTERM / SIGINT set a flag, and say so; the loop checkpoints after the current rollout and
+    exits. A second signal stops the run at once (`Interrupted`)."""
+
+    def __init__(self, say: bool = True):
         self.signum = None
         self._old = {}
+        self.say = say
 
     def __enter__(self):
         for s in (signals.SIGTERM, signals.SIGINT):
@@ -363,8 +370,11 @@ class _StopRequest:
 
     def _handle(self, signum, frame):
         if self.signum is not None:  # second signal: stop now
-            raise KeyboardInterrupt
+            raise Interrupted
         self.signum = signum
+        if self.say:
+            print("\ngspo: stopping after the rollout in progress, then saving a checkpoint to resume from "
+                  "(resume=auto); a second Ctrl-C stops at once and loses that rollout", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
@@ -413,12 +423,13 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     try:
         if run.remote is not None:
             run.remote.begin(state.rollout, inflight)  # the generators start on what the schedule needs
-        with _StopRequest() as stop:
+        with _StopRequest(say=d.is_main) as stop:
             if state.rollout == 0 and cfg.eval.enabled:
                 start = evaluate_run(run, 0)  # the starting point
                 if sinks:
                     sinks.write({"step": 0, "rollout": 0, **start})
             saved = state.step if run.resume_from is not None else -1  # the step the newest checkpoint holds
+            saved_at = time.monotonic()  # (checkpoint.every_minutes counts from here)
             while state.rollout < total:
                 t_step = time.perf_counter()
                 rng = checkpoint.capture_rng_state() if saved != state.step else None
@@ -446,9 +457,11 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                         console.print(f"stopped by signal {int(stop_now)} after rollout {state.rollout}; "
                                       f"resume with resume=auto")
                     return run_dir
-                if cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0 and state.rollout < total:
+                minutes = cfg.checkpoint.every_minutes
+                timed = any_process(int(bool(minutes) and time.monotonic() - saved_at >= 60 * minutes), d.all_reduce)
+                if state.rollout < total and (timed or (cfg.checkpoint.every and state.rollout % cfg.checkpoint.every == 0)):
                     run_state.save_run(run, state)
-                    saved = state.step
+                    saved, saved_at = state.step, time.monotonic()
                 faults.after_rollout(state.rollout)  # tests only
             state.finished = True
             run_state.save_run(run, state)
