@@ -80,6 +80,11 @@ def test_train_and_eval_a_saved_checkpoint(family, saved, tmp_path, capsys):
     assert tok("12+7=")["input_ids"] == source_tok("12+7=")["input_ids"]
     assert tok.chat_template == source_tok.chat_template
     assert eos_token_ids(model, tok) == eos_token_ids(source_model, source_tok)
+    # ... and so do its pad token, padding side and generation-config pad id: gspo's own sampling
+    # choices (EOS as pad, left padding) were written into final/ (pad = EOS hides every EOS
+    # from a later supervised run's loss)
+    assert (tok.pad_token, tok.padding_side) == (source_tok.pad_token, source_tok.padding_side)
+    assert model.generation_config.pad_token_id == source_model.generation_config.pad_token_id
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     before = logits(source_model, tok)
@@ -308,3 +313,27 @@ def test_a_resume_on_base_weights_other_than_the_runs_is_refused(tmp_path, extra
     with torch.no_grad():
         next(m.parameters())[0, 0] += 1.0
     assert weights_fingerprint(m.parameters()) != fp32
+
+
+def test_a_tokenizer_larger_than_the_embedding_or_missing_is_one_error_at_load(saved, tmp_path):
+    """Tokens added without resize_token_embeddings raised IndexError in the first evaluation;
+    a model folder without tokenizer files got transformers' advice to install sentencepiece."""
+    import shutil
+
+    from gspo.models import ModelError
+
+    src = saved("llama")
+    grown = tmp_path / "grown"
+    shutil.copytree(src, grown)
+    tok = AutoTokenizer.from_pretrained(grown)
+    rows = AutoModelForCausalLM.from_pretrained(grown).get_input_embeddings().num_embeddings
+    tok.add_tokens([f"<new_{i}>" for i in range(rows - len(tok) + 3)])
+    tok.save_pretrained(grown)
+    with pytest.raises(ModelError, match=rf"has {rows + 3} tokens but the model's embedding has {rows} rows"):
+        load_policy(grown, device="cpu")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(Path(src) / f, bare / f)
+    with pytest.raises(ModelError, match="holds no tokenizer files"):
+        load_policy(bare, device="cpu")

@@ -52,6 +52,11 @@ def _resolve_dtype(dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+# the files one of which a saved tokenizer has (fast, sentencepiece, byte-level BPE, tiktoken)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "tokenizer.tiktoken")
+
+
 def _check_source(name_or_path: str) -> None:
     """Fail before any download attempt when `name_or_path` is a missing local path, or a
     local folder that is not a model: a gspo run directory, one of its checkpoints, or a LoRA
@@ -59,6 +64,10 @@ def _check_source(name_or_path: str) -> None:
     if os.path.isdir(name_or_path):
         d = Path(name_or_path)
         if (d / "config.json").is_file():
+            if not any((d / f).is_file() for f in TOKENIZER_FILES):
+                raise ModelError(f"model path {name_or_path!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
+                                 f"...): save the tokenizer beside the model (tokenizer.save_pretrained on the same "
+                                 f"folder)")
             return
         if (d / "checkpoints").is_dir() or (d / "metrics.jsonl").is_file():
             where = (f"its model is {d / 'final'}" if (d / "final" / "config.json").is_file() else
@@ -130,7 +139,18 @@ def load_policy(
 
 def _ready_tokenizer(tokenizer, model, name: str):
     """The pad token (the EOS where there is none), left padding, and the pad id in the model's
-    generation config where it lacks one (`load_policy`'s tokenizer decisions)."""
+    generation config where it lacks one (`load_policy`'s tokenizer decisions; `as_brought`
+    undoes them for a saved model). A tokenizer with more tokens than the model's embedding
+    has rows is refused: its last ids would index past the table in the first forward."""
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    rows = getattr(embed, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ModelError(f"model {name!r}: its tokenizer has {len(tokenizer)} tokens but the model's embedding has "
+                         f"{rows} rows, so ids {rows}..{len(tokenizer) - 1} have none (tokens added without "
+                         f"model.resize_token_embeddings): resize the embeddings and save the model again")
+    gen = getattr(model, "generation_config", None)
+    tokenizer._gspo_brought = {"pad_token": tokenizer.pad_token, "padding_side": tokenizer.padding_side,
+                               "gen_pad": None if gen is None else gen.pad_token_id}
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"tokenizer of {name!r} has neither a pad nor an eos token")
@@ -140,6 +160,28 @@ def _ready_tokenizer(tokenizer, model, name: str):
     if gen is not None and gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
     return tokenizer
+
+
+@contextmanager
+def as_brought(tokenizer, model):
+    """The tokenizer's pad token and padding side, and the model's generation-config pad id, as
+    the checkpoint had them, for the block (`gspo.train.run_state.save_final` writes final/ in
+    it): gspo's own choices for sampling (`_ready_tokenizer`) stay out of the user's model."""
+    brought = getattr(tokenizer, "_gspo_brought", None)
+    gen = getattr(model, "generation_config", None)
+    if brought is None:
+        yield
+        return
+    now = (tokenizer.pad_token, tokenizer.padding_side, None if gen is None else gen.pad_token_id)
+    tokenizer.pad_token, tokenizer.padding_side = brought["pad_token"], brought["padding_side"]
+    if gen is not None:
+        gen.pad_token_id = brought["gen_pad"]
+    try:
+        yield
+    finally:
+        tokenizer.pad_token, tokenizer.padding_side = now[0], now[1]
+        if gen is not None:
+            gen.pad_token_id = now[2]
 
 
 def _load_adapter(path: str, **load):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from gspo.config import to_yaml
+from gspo.models import as_brought
 from gspo.train import distributed, faults
 from gspo.train.checkpoint import CheckpointError, disk_full_hint, load_checkpoint, save_checkpoint
 from gspo.train.run import build_policy, policy_state, push_weights
@@ -77,8 +78,9 @@ def save_final(run) -> Path:
                 model.save_pretrained(part / "adapter", safe_serialization=True)
                 if run.cfg.lora.merge_final:
                     model = model.merge_and_unload()  # training is over: merge in place
-            model.save_pretrained(part, safe_serialization=True)
-            run.tokenizer.save_pretrained(part)
+            with as_brought(run.tokenizer, model):  # the user's pad token and padding side, not gspo's
+                model.save_pretrained(part, safe_serialization=True)
+                run.tokenizer.save_pretrained(part)
         except Exception as e:  # a full disk, a lost mount: the finished checkpoint is whole
             shutil.rmtree(part, ignore_errors=True)
             raise CheckpointError(f"could not write {out}: {type(e).__name__}: {e}{disk_full_hint(e, out.parent)}; "
