@@ -337,3 +337,16 @@ def test_a_tokenizer_larger_than_the_embedding_or_missing_is_one_error_at_load(s
         shutil.copy(Path(src) / f, bare / f)
     with pytest.raises(ModelError, match="holds no tokenizer files"):
         load_policy(bare, device="cpu")
+
+
+def test_gspo_eval_pass_at_k_is_the_same_for_the_same_seed(saved, tmp_path, capsys):
+    """pass@k's samples were drawn unseeded: 0.0, 0.25, 0.125 on one model and config."""
+    data = artifacts.write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}+{i}=", "answer": str(2 * i)}
+                                                        for i in range(8)])
+    (tmp_path / "coin.py").write_text("def coin(prompts, completions, **kw):\n"
+                                      "    return [float(sum(map(ord, c)) % 3 == 0) for c in completions]\n")
+    args = [saved("qwen3"), data, "--pass-k", "2", "--num-prompts", "8", "rollout.temperature=2.0",
+            f"rewards.functions=[{{name: '{tmp_path / 'coin.py'}:coin'}}]"]
+    runs = [cli_eval(capsys, *args, f"seed={seed}")["eval/pass@2"] for seed in (0, 0, 1, 2, 3)]
+    assert runs[0] == runs[1], runs
+    assert len(set(runs)) > 1, runs  # (and the seed does act on the samples)

@@ -51,6 +51,7 @@ def cmd_eval(args) -> int:
     from gspo.rewards.runner import RewardRunner
     from gspo.train.prompts import check_answer_column, check_option_columns, fitting_prompts, load_prompt_rows, prompt_cap
     from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs
+    from gspo.rollout import chunk_seed
     from gspo.train.threads import setup_threads
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
@@ -85,7 +86,8 @@ def cmd_eval(args) -> int:
                       num_workers=rw.num_workers) as runner:
         if loaded is None:
             m = evaluate(model, tok, rows, runner, max_new_tokens=cfg.rollout.max_new_tokens,
-                         pass_k=cfg.eval.pass_k, generator=hf_generator(cfg, model, tok))
+                         pass_k=cfg.eval.pass_k, generator=hf_generator(cfg, model, tok),
+                         seed=chunk_seed(cfg.seed, 0, 2))  # pass@k's samples: the same for the same seed
         else:
             tools = episode_tools(cfg, loaded)
             try:  # what a run's own evaluation reads of it

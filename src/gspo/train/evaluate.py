@@ -15,7 +15,7 @@ from gspo.config import EvalConfig
 from gspo.data import encode_texts, format_prompt, reward_view
 from gspo.models import eos_token_ids, generation_mode
 from gspo.rewards import reward_columns
-from gspo.rollout import left_pad
+from gspo.rollout import chunk_seed, left_pad
 
 
 @torch.no_grad()
@@ -54,7 +54,7 @@ def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> torch.Ten
 
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
-             generator=None, complete=None) -> dict:
+             generator=None, complete=None, seed: int = 0) -> dict:
     """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked.
     `complete(texts, pass_k) -> (greedy, samples or None, samples per prompt)` computes the
     completions elsewhere (async mode: on a generator); by default `model` and `generator` here."""
@@ -64,7 +64,7 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
             greedy = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
             if not (k and generator is not None):
                 return greedy, None, 0
-            ro = generator.generate(texts, max(k, 2))
+            ro = generator.generate(texts, max(k, 2), seed=seed)  # (the same samples every time)
             return greedy, ro.completions, ro.group_size
 
     comps, samples, n = complete(texts, pass_k)
@@ -111,7 +111,8 @@ def evaluate_run(run, version: int = 0) -> dict:
     if run.tools is not None:
         return evaluate_episodes(run, run.eval_rows[: cfg.eval.num_prompts], generator)
     return evaluate(run.generator_model, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
-                    max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator)
+                    max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator,
+                    seed=chunk_seed(cfg.seed, version, 2))  # (as a generator process seeds them, async_generator)
 
 
 @torch.no_grad()
