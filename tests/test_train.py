@@ -147,6 +147,13 @@ def test_help_lists_every_field(capsys):
     ("tiny.num_layers=0", "tiny.num_layers"),
     ("rollout.temperature=inf", "rollout.temperature"),
     ("eval.num_prompts=-1", "eval.num_prompts"),
+    # shapes (a traceback, or OmegaConf's own words, before): a section given a value, a field of a
+    # list's item misspelt, a field misplaced in another section
+    ("rollout=5", "config field 'rollout' is a section"),
+    ("rewards.functions=[{nme: exact_answer}]", "'rewards.functions[0].nme': unknown field (did you mean "
+                                                "'rewards.functions[0].name'?)"),
+    ("model.group_size=4", "'model.group_size': unknown field (did you mean 'rollout.group_size'?)"),
+    ("rollout.group_sie=4", "(did you mean 'rollout.group_size'?)"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, override, field, capsys):
     rc, _ = run(tmp_path, override)
@@ -176,6 +183,18 @@ def test_dataset_without_prompt_column_or_empty(tmp_path, capsys):
     empty.write_text("")
     rc, _ = run(tmp_path, f"data.source={empty}", name="r2")
     assert rc == 2 and "empty.jsonl" in capsys.readouterr().err
+
+
+def test_a_list_field_given_one_item_takes_it_as_a_list_of_one_and_a_folder_is_no_config(tmp_path, capsys):
+    from gspo.config import load_config
+
+    cfg = load_config(None, ["lora.target_modules=q_proj", "rewards.functions={name: format}"])
+    assert cfg.lora.target_modules == ["q_proj"] and [f.name for f in cfg.rewards.functions] == ["format"]
+    y = tmp_path / "one.yaml"
+    y.write_text("rewards:\n  functions:\n    name: exact_answer\n    weight: 2\n")
+    assert [(f.name, f.weight) for f in load_config(y).rewards.functions] == [("exact_answer", 2.0)]
+    assert main(["train", str(tmp_path)]) == 2
+    assert "is a folder: give a YAML config file" in capsys.readouterr().err
 
 
 def test_a_yaml_file_that_is_not_a_mapping_is_one_error(tmp_path, capsys):

@@ -39,6 +39,45 @@ def _friendly(err: OmegaConfBaseException) -> str:
     return f"config field '{key}': {msg}" if key else msg
 
 
+def _shape(value, cls: type, prefix: str = ""):
+    """A YAML or override layer (plain containers) checked against the dataclass `cls` before
+    OmegaConf merges it, so that a shape mistake is one error naming the field: a section given
+    a value (`rollout=5`), an unknown field inside a list's items (`rewards.functions[0].nme`,
+    with the near name). A list field given one item is taken as a list of it
+    (`lora.target_modules=q_proj`, `rewards.functions={name: format}`)."""
+    import difflib
+    import typing
+
+    if not isinstance(value, dict):
+        raise ConfigError(f"config field '{prefix.rstrip('.') or 'the top level'}' is a section ("
+                          f"{', '.join(f.name for f in dataclasses.fields(cls)[:3])}, ...): set its fields, e.g. "
+                          f"{prefix}{dataclasses.fields(cls)[0].name}=...")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    out = {}
+    for key, v in value.items():
+        name = f"{prefix}{key}"
+        if key not in names:
+            every = [n for n, _, _ in field_docs()] if "[" not in prefix else []
+            close = [n for n in every if n.rsplit(".", 1)[-1] == key][:1]  # the field of another section
+            close = close or [prefix + c for c in difflib.get_close_matches(str(key), names, n=1)]
+            close = close or difflib.get_close_matches(name, every, n=1)
+            raise ConfigError(f"config field '{name}': unknown field" + (f" (did you mean '{close[0]}'?)"
+                                                                          if close else ""))
+        hint = hints[key]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if dataclasses.is_dataclass(hint):
+            v = _shape(v, hint, f"{name}.")
+        elif origin in (list, typing.List) and v is not None:
+            item = args[0] if args else typing.Any
+            if not isinstance(v, list):
+                v = [v]  # one item given for a list
+            if dataclasses.is_dataclass(item):
+                v = [_shape(x, item, f"{name}[{i}].") for i, x in enumerate(v)]
+        out[key] = v
+    return out
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
                 base: Config | None = None) -> Config:
     """Defaults <- YAML file <- `key=value` overrides, type-checked, then `validate`d."""
@@ -46,6 +85,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     layers = []
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder: give a YAML config file (a model folder is "
+                              f"model.name_or_path={p})")
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
@@ -66,6 +108,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     try:
         if overrides:
             layers.append(OmegaConf.from_dotlist(list(overrides)))
+        layers = [OmegaConf.create(_shape(OmegaConf.to_container(x), type(base or Config()))) for x in layers]
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
