@@ -18,6 +18,8 @@ import pytest
 import safetensors
 import torch
 
+from gspo.config import ConfigError
+
 import gspo.train.checkpoint as ck
 from gspo.train.checkpoint import (
     CheckpointError,
@@ -281,8 +283,16 @@ def test_resolve_resume(tmp_path):
     assert resolve_resume(tmp_path, "auto") == path
     assert resolve_resume(tmp_path, "none") is None and resolve_resume(tmp_path, "") is None
     assert resolve_resume(tmp_path, str(path)) == path
-    with pytest.raises(CheckpointError, match="does not exist"):
+    # not a folder, a typo of auto, a model folder: one error naming the field, before the model loads
+    with pytest.raises(ConfigError, match=r"config field 'resume': '.*nope' is not auto, none or a checkpoint folder"):
         resolve_resume(tmp_path, str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match=r"'autoo' is not auto, none or a checkpoint folder \(did you mean resume=auto"):
+        resolve_resume(tmp_path, "autoo")
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="is a model folder, not a checkpoint; to train from these weights set "
+                                          "model.name_or_path="):
+        resolve_resume(tmp_path, str(tmp_path / "final"))
     with pytest.raises(CheckpointError, match=re.escape(f"run directory; continue it with resume=auto "
                                                         f"output.dir={tmp_path.parent} output.name={tmp_path.name}")):
         resolve_resume(tmp_path, str(tmp_path))

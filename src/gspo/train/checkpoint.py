@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from gspo.train import faults
-from gspo.config import CheckpointConfig
+from gspo.config import CheckpointConfig, ConfigError
 from gspo.train.state_io import (  # noqa: F401  (re-exported: part of this module's API)
     CheckpointWarning, load_scheduler_state, scheduler_json, capture_rng_state, load_model_state,
     load_optimizer_state, restore_rng_state, save_model_state, save_optimizer_state,
@@ -405,6 +405,15 @@ def resolve_resume(run_dir, resume: str | None) -> Path | None:
     if key.lower() in ("", "none"):
         return None
     path = Path(key).expanduser()
+    if not path.is_dir():
+        import difflib
+
+        guess = " (did you mean resume=auto?)" if difflib.get_close_matches(key.lower(), ["auto", "none"], n=1) else ""
+        raise ConfigError(f"config field 'resume': {key!r} is not auto, none or a checkpoint folder{guess}")
+    if (path / "config.json").is_file() and not (path / "trainer_state.json").is_file():
+        raise ConfigError(f"config field 'resume': {path} is a model folder, not a checkpoint; to train from these "
+                          f"weights set model.name_or_path={path} (a run's checkpoints are in RUN/checkpoints/step-N, "
+                          f"and resume=auto finds the newest)")
     try:
         verify_checkpoint(path)
     except CheckpointError as e:
