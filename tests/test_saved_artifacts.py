@@ -350,3 +350,28 @@ def test_gspo_eval_pass_at_k_is_the_same_for_the_same_seed(saved, tmp_path, caps
     runs = [cli_eval(capsys, *args, f"seed={seed}")["eval/pass@2"] for seed in (0, 0, 1, 2, 3)]
     assert runs[0] == runs[1], runs
     assert len(set(runs)) > 1, runs  # (and the seed does act on the samples)
+
+
+def test_a_bfloat16_checkpoint_comes_back_in_bfloat16_unless_asked_otherwise(saved, tmp_path, capsys):
+    """final/ was always float32 (the training precision), twice the size of a bf16 checkpoint;
+    output.final_dtype=auto writes the checkpoint's own dtype: the trained weights, rounded."""
+    from safetensors.torch import load_file
+
+    src = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(saved("qwen3")).to(torch.bfloat16).save_pretrained(src)
+    AutoTokenizer.from_pretrained(saved("qwen3")).save_pretrained(src)
+    runs = {}
+    for name, extra in (("auto", []), ("fp32", ["output.final_dtype=float32"])):
+        rc = main(["train", f"model.name_or_path={src}", *RUN, REWARDS, f"output.dir={tmp_path}", f"output.name={name}",
+                   "eval.enabled=false", "optim.lr=1e-2", *extra])
+        assert rc == 0
+        runs[name] = tmp_path / name
+    assert "final/: weights written in bfloat16, the dtype the checkpoint was saved in" in capsys.readouterr().err
+    auto = load_file(runs["auto"] / "final" / "model.safetensors")
+    as_trained = load_file(runs["fp32"] / "final" / "model.safetensors")
+    assert {t.dtype for t in auto.values()} == {torch.bfloat16} and {t.dtype for t in as_trained.values()} == {torch.float32}
+    assert json.loads((runs["auto"] / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    for k, t in as_trained.items():  # the same training (float32 weights); final/ rounds them
+        torch.testing.assert_close(auto[k], t.to(torch.bfloat16), rtol=0, atol=0, msg=k)
+    model = AutoModelForCausalLM.from_pretrained(runs["auto"] / "final")
+    assert next(model.parameters()).dtype == torch.bfloat16

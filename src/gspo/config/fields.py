@@ -303,6 +303,9 @@ class CheckpointConfig:
 class OutputConfig:
     dir: str = doc("runs", "parent directory of run directories")
     name: str = doc("gspo", "run name: the run directory is dir/name")
+    final_dtype: str = doc("auto", "dtype of final/'s weights: auto (the dtype the model.name_or_path checkpoint was "
+                                   "saved in; float32 for the built-in tiny model) | float32 (as trained) | bfloat16 | "
+                                   "float16")
 
 
 @dataclass

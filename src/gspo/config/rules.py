@@ -198,6 +198,8 @@ def validate(cfg: Config) -> None:
     _check(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
     _check(c.max_bad_steps >= 1, "checkpoint.max_bad_steps", "must be >= 1")
     _check(cfg.threads >= 0, "threads", "must be >= 0")
+    _check(cfg.output.final_dtype in ("auto", "float32", "bfloat16", "float16"), "output.final_dtype",
+           f"{cfg.output.final_dtype!r} is not auto | float32 | bfloat16 | float16")
     _check(bool(cfg.output.name) and "/" not in cfg.output.name and cfg.output.name not in (".", ".."), "output.name",
            f"must be a plain directory name inside output.dir (got {cfg.output.name!r})")
 

@@ -124,10 +124,14 @@ def load_policy(
     torch_dtype = _resolve_dtype(dtype)
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
+        from transformers import AutoConfig
+
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        saved_dtype = getattr(AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code), "dtype", None)
         model = AutoModelForCausalLM.from_pretrained(
             name, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
+        model._gspo_saved_dtype = saved_dtype if isinstance(saved_dtype, torch.dtype) else None  # (`saved_dtype`)
     except (OSError, ValueError) as e:  # hub / file errors are OSError subclasses
         hint = " (HF_HUB_OFFLINE is set and no cached copy was found)" if offline else ""
         if not os.path.exists(name):  # `runs/x` reads as a Hub id too
@@ -160,6 +164,12 @@ def _ready_tokenizer(tokenizer, model, name: str):
     if gen is not None and gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
     return tokenizer
+
+
+def saved_dtype(model) -> torch.dtype | None:
+    """The dtype the checkpoint `load_policy` loaded `model` from was saved in (its config's),
+    whatever dtype it was loaded in; None for a model built here (the tiny one)."""
+    return getattr(base_model(model), "_gspo_saved_dtype", None)
 
 
 @contextmanager

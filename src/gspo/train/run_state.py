@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from gspo.config import to_yaml
-from gspo.models import as_brought
+from gspo.models import as_brought, saved_dtype
 from gspo.train import distributed, faults
 from gspo.train.checkpoint import CheckpointError, disk_full_hint, load_checkpoint, save_checkpoint
 from gspo.train.run import build_policy, policy_state, push_weights
@@ -61,6 +62,24 @@ def _gathered_policy(run):
     return model
 
 
+def _in_final_dtype(run, model):
+    """`model` with its floating-point weights in output.final_dtype (auto: the dtype its
+    checkpoint was saved in, `saved_dtype`), cast in place (training is over), and a note when
+    that is not the dtype it trained in: a bfloat16 checkpoint comes back as bfloat16, not at
+    twice its size, though a change smaller than half a weight's bf16 spacing rounds away."""
+    name = run.cfg.output.final_dtype
+    target = getattr(torch, name) if name != "auto" else (saved_dtype(run.policy) or saved_dtype(model))
+    trained = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if target is None or trained is None or target == trained:
+        return model
+    model.to(target)
+    if run.dist.is_main:
+        why = "the dtype the checkpoint was saved in" if name == "auto" else "output.final_dtype"
+        print(f"final/: weights written in {str(target)[6:]}, {why} (trained in {str(trained)[6:]}; "
+              f"output.final_dtype={str(trained)[6:]} writes them as trained)", file=sys.stderr)
+    return model
+
+
 def save_final(run) -> Path:
     """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
     tokenizer; with LoRA also the adapters alone in final/adapter. It is written beside, as
@@ -78,6 +97,7 @@ def save_final(run) -> Path:
                 model.save_pretrained(part / "adapter", safe_serialization=True)
                 if run.cfg.lora.merge_final:
                     model = model.merge_and_unload()  # training is over: merge in place
+            model = _in_final_dtype(run, model)
             with as_brought(run.tokenizer, model):  # the user's pad token and padding side, not gspo's
                 model.save_pretrained(part, safe_serialization=True)
                 run.tokenizer.save_pretrained(part)
