@@ -341,19 +341,27 @@ def _deepseek_v3(vocab: int):
     return DeepseekV3ForCausalLM(cfg).eval()
 
 
+def _tracked(model, vocab: int, router: str | None = None):
+    """A route tracker and a log-prob module on `model`, and a batch of 4 rows x 10 tokens (row 0
+    left-padded by 3): (routers, tracker, lp, ids, mask); `router`: the class every one of the
+    model's 2 routers must be."""
+    routers = find_routers(model)
+    if router is not None:
+        assert [type(r).__name__ for r in routers] == [router] * 2
+    ids = torch.randint(4, vocab, (4, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    tracker, lp = RouteTracker(model), LogprobModule(model)
+    tracker.reset(*ids.shape, ids.device)
+    return routers, tracker, lp, ids, mask
+
+
 def test_deepseek_v3_routes_are_tracked_and_softmax_only_rules_refused():
     """The DeepSeek-V3 line spells its router `*TopkRouter`, with the same (logits, weights,
     experts) output: its routes are recorded and compared. Replay's gate-weight rule and the
     Switch load-balancing loss are softmax ones, which its sigmoid gates are not: both refused."""
     tok = build_char_tokenizer()
-    model = _deepseek_v3(len(tok))
-    routers = find_routers(model)
-    assert [type(r).__name__ for r in routers] == ["DeepseekV3TopkRouter"] * 2
-    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    tracker, lp = RouteTracker(model), LogprobModule(model)
-    tracker.reset(*ids.shape, ids.device)
+    routers, tracker, lp, ids, mask = _tracked(_deepseek_v3(len(tok)), len(tok), "DeepseekV3TopkRouter")
     with torch.no_grad():
         _pass(tracker, lp, ids, mask, "capture")
         _pass(tracker, lp, ids, mask, "compare")
@@ -381,14 +389,7 @@ def _llama4(vocab: int):
 
 def test_llama4_routes_are_tracked_replayed_with_its_sigmoid_gates_and_the_softmax_loss_refused():
     tok = build_char_tokenizer()
-    model = _llama4(len(tok))
-    routers = find_routers(model)
-    assert [type(r).__name__ for r in routers] == ["Llama4Router"] * 2
-    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    tracker, lp = RouteTracker(model), LogprobModule(model)
-    tracker.reset(*ids.shape, ids.device)
+    routers, tracker, lp, ids, mask = _tracked(_llama4(len(tok)), len(tok), "Llama4Router")
     with torch.no_grad():
         a = _pass(tracker, lp, ids, mask, "capture")
         b = _pass(tracker, lp, ids, mask, "compare", replay=True)  # unchanged router: the same log-probs
@@ -439,12 +440,8 @@ def test_replay_and_the_balancing_loss_under_activation_checkpointing_match_the_
     tok = build_char_tokenizer()
     model = (build_tiny_model(tok, hidden_size=32, num_layers=2, moe=True, seed=0) if arch == "qwen3_moe"
              else _llama4(len(tok)))
-    ids = torch.randint(4, len(tok), (4, 10), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    tracker, lp = RouteTracker(model), LogprobModule(model)
+    _, tracker, lp, ids, mask = _tracked(model, len(tok))
     tracker.aux = arch == "qwen3_moe"  # (Llama 4's sigmoid gates have no Switch loss)
-    tracker.reset(*ids.shape, ids.device)
     with torch.no_grad():
         _pass(tracker, lp, ids, mask, "capture")
         for r in find_routers(model):
