@@ -489,8 +489,9 @@ def test_a_full_disk_while_writing_final_is_one_stop_message_and_no_partial_fold
             (Path(path) / "model.safetensors").write_bytes(b"half")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    run = SimpleNamespace(cfg=SimpleNamespace(run_dir=tmp_path, lora=SimpleNamespace(enabled=False)),
-                          generator_model=FullDisk(), remote=None, dist=Dist(), tokenizer=None)
+    run = SimpleNamespace(cfg=SimpleNamespace(run_dir=tmp_path, lora=SimpleNamespace(enabled=False),
+                                              output=SimpleNamespace(final_dtype="auto")),
+                          generator_model=FullDisk(), policy=None, remote=None, dist=Dist(), tokenizer=None)
     with pytest.raises(CheckpointError, match=r"could not write .*final: OSError: .*\(disk full\?\); .*resume=auto"):
         save_final(run)
     assert not (tmp_path / "final.partial").exists() and not (tmp_path / "final").exists()

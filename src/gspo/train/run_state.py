@@ -68,6 +68,8 @@ def _in_final_dtype(run, model):
     that is not the dtype it trained in: a bfloat16 checkpoint comes back as bfloat16, not at
     twice its size, though a change smaller than half a weight's bf16 spacing rounds away."""
     name = run.cfg.output.final_dtype
+    if hasattr(model, "peft_config"):  # adapters alone (lora.merge_final=false): peft's own dtype
+        return model
     target = getattr(torch, name) if name != "auto" else (saved_dtype(run.policy) or saved_dtype(model))
     trained = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     if target is None or trained is None or target == trained:
