@@ -71,8 +71,10 @@ def _in_final_dtype(run, model):
     if hasattr(model, "peft_config"):  # adapters alone (lora.merge_final=false): peft's own dtype
         return model
     target = getattr(torch, name) if name != "auto" else (saved_dtype(run.policy) or saved_dtype(model))
+    if target is None:
+        return model
     trained = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if target is None or trained is None or target == trained:
+    if trained is None or target == trained:
         return model
     model.to(target)
     if run.dist.is_main:
