@@ -84,6 +84,11 @@ def test_hermes_calls_are_parsed_and_broken_ones_say_why():
                        '<tool_call>{"name": "add", "arguments": 3}</tool_call>')
     assert [c.error is not None for c in bad] == [True, True, True]
     assert "not JSON" in bad[0].error and "name" in bad[1].error and "object" in bad[2].error
+    # a last call the model left open (it stopped before </tool_call>) is read, as vLLM reads it;
+    # it was ignored, and the episode ended as if no call were made
+    opened = f"{call('add', a=2, b=3)} then <tool_call>" + '{"name": "add", "arguments": {"a": 1, "b": 1}}'
+    assert parse_hermes(opened) == [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 1, "b": 1})]
+    assert parse_hermes("<tool_call>{\"name\": \"ad")[0].error.startswith("not JSON")
 
 
 def test_llama3_json_calls_are_the_whole_turn_and_broken_ones_say_why():
@@ -219,8 +224,10 @@ def test_bad_calls_reach_the_model_as_error_replies_and_are_counted():
 
 def test_a_parser_that_raises_on_a_turn_makes_it_a_malformed_call_and_one_that_returns_junk_stops():
     """The model's text made the user's parser raise: a malformed call, answered and counted, the
-    episode goes on. A parser returning anything but ToolCalls is a bug: one config error."""
-    from gspo.config import ConfigError
+    episode goes on. A parser returning anything but ToolCalls is a bug: one error naming the
+    field, which stops the run as a failed reward function does (exit status 1, not 2: it comes
+    mid-run, with the state saved)."""
+    from gspo.rollout.tool_calls import ToolParserError
 
     def picky(text):
         if "oops" in text:
@@ -236,7 +243,7 @@ def test_a_parser_that_raises_on_a_turn_makes_it_a_malformed_call_and_one_that_r
         assert replies == ["error: malformed tool call: the tool parser could not read this turn (KeyError: 'name')",
                            "5"]
         assert ro.episode_stats["episode/tool_malformed_mean"] == 1 and ro.finish_reason == ["done"]
-        with pytest.raises(ConfigError, match="'rollout.tool_parser': the parser returned .*not a list of"):
+        with pytest.raises(ToolParserError, match="'rollout.tool_parser': the parser returned .*not a list of"):
             run_episodes(Scripted(tok, [call("add", a=1, b=1)]), tok, [[{"role": "user", "content": "hi"}]], 1,
                          tools=[add], runner=runner, parser=lambda text: [{"name": "add"}], max_turns=4,
                          max_tokens=400)
@@ -388,6 +395,21 @@ def test_an_environments_methods_are_tools_with_state_across_turns_and_its_rewar
     assert ro.env_reward == [15.0, 6.0] and ro.finish_reason == ["done", "done"]
     first = tok.decode(gen.contexts[0])  # reset's observation follows the prompt as a user message
     assert "user: go\nuser: count from 10\nassistant: " in first and "system: tools bump,stall" in first
+    # ... and begins the episode's messages, which reward functions and the completions log get
+    # (each episode's own: it was in neither)
+    assert ro.turns[0][0] == {"role": "user", "content": "count from 10"} and ro.turns[1][0]["content"] == "count from 1"
+    assert ro.episode_stats["episode/env_reward_error_mean"] == 0.0
+
+
+class BadReward(Counter):
+    reward = "lots"
+
+
+def test_an_environment_reward_that_is_not_a_number_is_counted_and_said():
+    """It became a missing reward without a word."""
+    with pytest.warns(UserWarning, match=r"rollout.environment: BadReward's reward could not be read .*'lots'"):
+        _, _, ro = _env_episode(["done"], BadReward, [{"start": 1}, {"start": 2}])
+    assert ro.env_reward == [None, None] and ro.episode_stats["episode/env_reward_error_mean"] == 1.0
 
 
 def test_a_failing_reset_or_a_hung_environment_fails_only_its_episode():
@@ -427,3 +449,17 @@ def test_calc_evaluates_arithmetic_and_nothing_else():
     for bad in ("__import__('os')", "2**99999", "a+1", "[1]"):
         with pytest.raises((ValueError, SyntaxError)):
             calc(bad)
+
+
+def test_a_parser_that_breaks_mid_run_stops_it_with_the_status_of_a_stated_reason(monkeypatch, capsys):
+    """Exit status 2 means bad input found before any compute; this comes mid-run, after the
+    state was saved: 1, as for a reward function that raises."""
+    from gspo import cli
+    from gspo.rollout.tool_calls import ToolParserError
+
+    def breaks(args):
+        raise ToolParserError("config field 'rollout.tool_parser': the parser returned None")
+
+    monkeypatch.setattr(cli, "cmd_train", breaks)
+    assert cli.main(["train"]) == 1
+    assert "stopped: config field 'rollout.tool_parser'" in capsys.readouterr().err

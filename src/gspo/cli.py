@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from gspo.train import TrainingError
     from gspo.train.async_job import GeneratorError
     from gspo.train.loop import Interrupted
+    from gspo.rollout.tool_calls import ToolParserError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo {args.command}: stopped at once by a second signal; the rollout in progress is lost, earlier "
               f"checkpoints are intact (resume=auto continues from the last)", file=sys.stderr)
         return 130
-    except (TrainingError, RewardError, CheckpointError, GeneratorError) as e:
+    except (TrainingError, RewardError, CheckpointError, GeneratorError, ToolParserError) as e:
         # the run stopped for a stated reason; its last good state is on disk
         if os.environ.get("GSPO_TRACEBACK"):
             raise

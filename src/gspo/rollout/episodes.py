@@ -22,6 +22,7 @@ tool in its last allowed turn), ``length`` (a turn or the episode's token budget
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -30,7 +31,7 @@ import torch
 from gspo.config import ConfigError
 from gspo.data import encode_texts
 from gspo.rollout import Rollout, chunk_seed, left_pad
-from gspo.rollout.tool_calls import ToolCall
+from gspo.rollout.tool_calls import ToolCall, ToolParserError
 from gspo.rollout.tools import OUTCOMES, ToolRunner, env_tools, method_schema, tool_schema
 
 
@@ -59,8 +60,8 @@ def _parse(parser: Callable, text: str) -> list:
     except Exception as e:  # the model's text, not the run, is at fault
         return [ToolCall("", error=f"the tool parser could not read this turn ({type(e).__name__}: {e})")]
     if not isinstance(calls, (list, tuple)) or not all(isinstance(c, ToolCall) for c in calls):
-        raise ConfigError(f"config field 'rollout.tool_parser': the parser returned {str(calls)[:120]!r}, "
-                          "not a list of gspo.rollout.tool_calls.ToolCall")
+        raise ToolParserError(f"config field 'rollout.tool_parser': the parser returned {str(calls)[:120]!r}, "
+                              "not a list of gspo.rollout.tool_calls.ToolCall")
     return list(calls)
 
 
@@ -178,6 +179,8 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
             p.append({"role": "user", "content": obs})
         text = render(tokenizer, p, schemas, generation_prompt=True)
         e = _Episode(encode_texts(tokenizer, [text])[0], p)  # the prompt rule of every pass (BOS once)
+        if status == "ok" and obs:  # what this episode was shown first: its messages begin with it
+            e.new.append(p[-1])
         if status != "ok":
             e.finish = "error"
             e.new.append({"role": "user", "content": f"(environment reset failed: {obs})"})
@@ -261,8 +264,15 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
     for e in episodes:
         if e.finish is None:
             e.finish = "max_turns"
-    env_reward = runner.finish(list(range(n_ep))) if env is not None else None
-    return _assemble(episodes, generator.pad_token_id, prompts, group_size, env_reward)
+    env_reward, bad = runner.finish(list(range(n_ep))) if env is not None else (None, [])
+    ro = _assemble(episodes, generator.pad_token_id, prompts, group_size, env_reward)
+    if env is not None:
+        ro.episode_stats["episode/env_reward_error_mean"] = len(bad) / n_ep
+        if bad:  # (once a run: the same message from the same place)
+            warnings.warn(f"rollout.environment: {env.__name__}'s reward could not be read in some episodes "
+                          f"(first: {bad[0]}); they have no env_reward (episode/env_reward_error_mean counts them)",
+                          stacklevel=2)
+    return ro
 
 
 def _assemble(episodes: list[_Episode], pad_id: int, prompts, group_size: int, env_reward) -> Rollout:

@@ -29,6 +29,11 @@ class ToolConfigError(RewardConfigError):
     """A tool or tool parser named in the config cannot be used (raised before any compute)."""
 
 
+class ToolParserError(RuntimeError):
+    """A user's tool parser broke mid-run (it returned something other than ToolCalls): the run
+    stops with its last state saved, as for a reward function that raises."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model wrote: a tool name and its arguments, or why it could not be read."""
@@ -61,10 +66,16 @@ def _json_call(obj) -> ToolCall:
 
 def parse_hermes(text: str) -> list[ToolCall]:
     """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of `text`, in order
-    (the format of Qwen2.5 / Qwen3 and the Hermes templates). `arguments` may also be a JSON
-    string of an object. A block that does not parse is a ToolCall with `error` set."""
+    (the format of Qwen2.5 / Qwen3 and the Hermes templates), and a last block left open at the
+    end of the turn. `arguments` may also be a JSON string of an object. A block that does not
+    parse is a ToolCall with `error` set."""
+    bodies = _HERMES.findall(text)
+    end = text.rfind("</tool_call>")
+    rest = text[end + len("</tool_call>"):] if end >= 0 else text
+    if (opened := rest.find("<tool_call>")) >= 0:  # a last call left open at the end of the turn (the model
+        bodies.append(rest[opened + len("<tool_call>"):].strip())  # stopped before its closing tag), as vLLM reads it
     calls = []
-    for body in _HERMES.findall(text):
+    for body in bodies:
         try:
             calls.append(_json_call(json.loads(body)))
         except json.JSONDecodeError as e:

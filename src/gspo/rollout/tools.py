@@ -167,7 +167,7 @@ class _Host:
             try:
                 value = value() if callable(value) else value
             except Exception as e:
-                return "error", f"{type(e).__name__}: {e}"
+                return "error", f"reward raised {type(e).__name__}: {e}"
             ok = value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)
                                    and math.isfinite(value))
             return ("ok", None if value is None else float(value)) if ok else ("error", f"reward {value!r}")
@@ -371,13 +371,15 @@ class ToolRunner:
         out = self._requests([(self._home(ep), "step", (ep, list(m))) for ep, m in zip(episodes, messages)])
         return [_as_outcome(o) for o in out]
 
-    def finish(self, episodes: Sequence[int]) -> list[float | None]:
-        """Each episode's environment reward (None: none reported, or it was lost / failed)."""
+    def finish(self, episodes: Sequence[int]) -> tuple[list[float | None], list[str]]:
+        """Each episode's environment reward (None: none reported, or it was lost / failed), and
+        why each reward that was there could not be read (not a finite number, or it raised)."""
         live = [ep for ep in episodes if ep not in self.lost]
         got = dict(zip(live, self._requests([(self._home(ep), "finish", (ep,)) for ep in live])))
         for w in self._homes:
             self._homes[w] -= set(episodes)
-        return [got[ep][1] if ep in got and got[ep][0] == "ok" else None for ep in episodes]
+        bad = [got[ep][1] for ep in live if got[ep][0] == "error" and str(got[ep][1]).startswith("reward ")]
+        return [got[ep][1] if ep in got and got[ep][0] == "ok" else None for ep in episodes], bad
 
 
 def _as_outcome(reply: tuple[str, Any]) -> tuple[str, Any]:
