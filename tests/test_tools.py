@@ -99,6 +99,8 @@ def test_llama3_json_calls_are_the_whole_turn_and_broken_ones_say_why():
         [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 1, "b": 1})]  # "arguments" too, ';' between
     assert parse_llama3_json("The answer is 5.") == [] and parse_llama3_json("") == []  # an answer: no call
     assert parse_llama3_json(f"I will call {one}") == []  # a call is the whole turn, as the template asks
+    assert parse_llama3_json('{"answer": 5}') == []  # an answer written as JSON (it was a malformed call)
+    assert parse_llama3_json('<|python_tag|>{"answer": 5}')[0].error is not None  # ... not after the python tag
     for text, why in [('{"name": "add", "parameters": {"a": 2', "not JSON"), ('{"parameters": {}}', "name"),
                       (f"{one} and then some words", "text after"), ('{"name": "add", "parameters": [1]}', "object")]:
         got = parse_llama3_json(text)

@@ -86,19 +86,23 @@ def parse_hermes(text: str) -> list[ToolCall]:
 def parse_llama3_json(text: str) -> list[ToolCall]:
     """Llama 3.1-3.3's JSON tool calls (the format their templates show the model): the whole
     turn is ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``, several
-    calls separated by ";". A turn that does not start with "{" is an answer, with no call; one
-    that does but is not such JSON throughout is one malformed call."""
+    calls separated by ";". A turn that does not start with "{" is an answer, with no call, and so
+    is one of JSON objects none of which has a "name", "parameters" or "arguments" (an answer
+    written as JSON, as vLLM's parser reads it); any other that starts with "{" but is not such
+    calls throughout is a malformed call."""
     body = text.strip()
-    if body.startswith(_PYTHON_TAG):
+    tagged = body.startswith(_PYTHON_TAG)
+    if tagged:
         body = body[len(_PYTHON_TAG):].lstrip()
     if not body.startswith("{"):
         return []
-    calls, decoder, pos = [], json.JSONDecoder(), 0
+    calls, objs, decoder, pos = [], [], json.JSONDecoder(), 0
     while pos < len(body):
         try:
             obj, pos = decoder.raw_decode(body, pos)
         except json.JSONDecodeError as e:
             return calls + [ToolCall("", error=f"not JSON ({e.msg} at {e.pos})")]
+        objs.append(obj)
         calls.append(_json_call(obj))
         rest = body[pos:].lstrip()
         if rest.startswith(";"):
@@ -106,6 +110,8 @@ def parse_llama3_json(text: str) -> list[ToolCall]:
         if rest and not rest.startswith("{"):
             return calls + [ToolCall("", error="text after the JSON call")]
         pos = len(body) - len(rest)
+    if not tagged and all(isinstance(o, dict) and not o.keys() & {"name", "parameters", "arguments"} for o in objs):
+        return []  # an answer that is JSON
     return calls
 
 
