@@ -154,6 +154,7 @@ def test_help_lists_every_field(capsys):
                                                 "'rewards.functions[0].name'?)"),
     ("model.group_size=4", "'model.group_size': unknown field (did you mean 'rollout.group_size'?)"),
     ("rollout.group_sie=4", "(did you mean 'rollout.group_size'?)"),
+    ("output.name=off", "config field 'output.name': YAML read False"),  # the run went to runs/False
 ])
 def test_bad_config_is_one_clear_error(tmp_path, override, field, capsys):
     rc, _ = run(tmp_path, override)

@@ -66,6 +66,12 @@ def _shape(value, cls: type, prefix: str = ""):
                                                                           if close else ""))
         hint = hints[key]
         origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if isinstance(v, bool) and (hint is str or (origin is typing.Union and str in args)):
+            if key == "mixed_precision" and v is False:  # YAML reads a bare `no` as false: the setting means "no"
+                v = "no"
+            else:  # `output.name=off` would name the run False
+                raise ConfigError(f"config field '{name}': YAML read {v} (from true/false, yes/no or on/off) where "
+                                  f"it takes text; quote it, e.g. {name}='off'")
         if dataclasses.is_dataclass(hint):
             v = _shape(v, hint, f"{name}.")
         elif origin in (list, typing.List) and v is not None:
