@@ -293,9 +293,12 @@ def test_resolve_resume(tmp_path):
     with pytest.raises(ConfigError, match="is a model folder, not a checkpoint; to train from these weights set "
                                           "model.name_or_path="):
         resolve_resume(tmp_path, str(tmp_path / "final"))
-    with pytest.raises(CheckpointError, match=re.escape(f"run directory; continue it with resume=auto "
+    # a run's folder or its checkpoints folder: what to write instead (it was a stop, exit 1, on the
+    # checkpoints folder: 'no COMPLETE manifest')
+    for given in (tmp_path, tmp_path / "checkpoints"):
+        with pytest.raises(ConfigError, match=re.escape(f"not one checkpoint; continue the run with resume=auto "
                                                         f"output.dir={tmp_path.parent} output.name={tmp_path.name}")):
-        resolve_resume(tmp_path, str(tmp_path))
+            resolve_resume(tmp_path, str(given))
     (path / "COMPLETE").unlink()
     with pytest.raises(CheckpointError, match="step-1"):
         resolve_resume(tmp_path, str(path))

@@ -330,26 +330,35 @@ def test_a_run_directory_another_live_process_runs_in_is_refused(tmp_path):
     assert not (tmp_path / "run" / ".lock").exists()
 
 
-def test_a_first_signal_is_acknowledged_and_a_second_stops_at_once_without_a_traceback(monkeypatch, capsys):
+def test_a_first_signal_is_acknowledged_and_a_second_stops_at_once_without_a_traceback(tmp_path, monkeypatch,
+                                                                                       capsys):
     """The first Ctrl-C said nothing, so users pressed again, and the second raised a bare
     KeyboardInterrupt (a traceback, and the rollout in progress lost without a word)."""
     from gspo import cli
     from gspo.train.loop import Interrupted, _StopRequest
 
-    with _StopRequest(say=True) as stop:
+    run = tmp_path / "run"
+    with _StopRequest(say=True, run_dir=run) as stop:
         stop._handle(signal.SIGINT, None)
         assert stop.signum == signal.SIGINT
-        with pytest.raises(Interrupted):
+        with pytest.raises(Interrupted, match="it had no checkpoint yet: resume=auto starts it over") as stopped:
             stop._handle(signal.SIGINT, None)
-    assert "stopping after the rollout in progress" in capsys.readouterr().err
+    assert "loses all of the run's work (it has no checkpoint yet)" in capsys.readouterr().err
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step-4\n")
+    with _StopRequest(say=True, run_dir=run) as stop:
+        stop._handle(signal.SIGINT, None)
+        with pytest.raises(Interrupted, match="its checkpoint step-4 is intact"):
+            stop._handle(signal.SIGINT, None)
+    assert "loses the work since checkpoint step-4" in capsys.readouterr().err
 
     def interrupted(args):
-        raise Interrupted
+        raise stopped.value
 
     monkeypatch.setattr(cli, "cmd_train", interrupted)
     assert cli.main(["train", *TINY]) == 130
     err = capsys.readouterr().err
-    assert "stopped at once by a second signal" in err and "resume=auto" in err
+    assert "stopped at once by a second signal; it had no checkpoint yet: resume=auto starts it over" in err
 
 
 def test_checkpoints_are_also_saved_by_time(tmp_path):

@@ -304,7 +304,7 @@ def test_reward_files_beside_the_config_and_by_path(tmp_path, saved, monkeypatch
 
 
 def test_a_runs_config_means_the_same_from_another_directory_and_gspo_eval_takes_the_data_named(
-        tmp_path, saved, monkeypatch):
+        tmp_path, saved, monkeypatch, capsys):
     """The model, data and reward module found from the working directory are written to
     RUN/config.yaml as absolute paths, so that `gspo eval RUN/final --config RUN/config.yaml`
     works from anywhere (it said 'dataset path ... does not exist'); it reads the held-out data
@@ -339,6 +339,16 @@ def test_a_runs_config_means_the_same_from_another_directory_and_gspo_eval_takes
         assert main(["eval", str(run / "final"), *([data] if data else []), "--config", str(run / "config.yaml"),
                      "--num-prompts", "2"]) == 0
         assert _columns_seen(cols)[-1]["tag"] == [tag, tag]
+    # the run's folder too: a resume from another directory continues it (it started a new run in
+    # ./runs, without a word); one that has nothing to do leaves its config.yaml as it was
+    assert stored.output.dir == str(tmp_path)
+    write_plain_jsonl(work / "train.jsonl", n=8)
+    before = (run / "config.yaml").read_text()
+    assert main(["train", str(run / "config.yaml"), "resume=auto", "optim.lr=0.5"]) == 0
+    assert "already finished" in capsys.readouterr().out and (run / "config.yaml").read_text() == before
+    assert main(["train", str(run / "config.yaml"), "resume=auto", "schedule.rollouts=2"]) == 0
+    assert "resumed from" in capsys.readouterr().out and not (elsewhere / "runs").exists()
+    assert load_config(run / "config.yaml", []).schedule.rollouts == 2
 
 
 def test_an_unknown_reward_file_or_module_is_one_error_naming_the_entry(tmp_path, capsys):

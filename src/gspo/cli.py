@@ -179,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gspo {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except Interrupted:  # a second Ctrl-C / SIGTERM: stopped at once, no traceback
-        print(f"gspo {args.command}: stopped at once by a second signal; the rollout in progress is lost, earlier "
-              f"checkpoints are intact (resume=auto continues from the last)", file=sys.stderr)
+    except Interrupted as e:  # a second Ctrl-C / SIGTERM: stopped at once, no traceback
+        print(f"gspo {args.command}: stopped at once by a second signal; {e or 'earlier checkpoints are intact'}",
+              file=sys.stderr)
         return 130
     except (TrainingError, RewardError, CheckpointError, GeneratorError, ToolParserError) as e:
         # the run stopped for a stated reason; its last good state is on disk

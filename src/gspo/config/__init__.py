@@ -132,9 +132,12 @@ def anchor_paths(cfg: Config, config_dir: Path | None) -> None:
     """Every path of `cfg` that names something on disk made absolute, found from the working
     directory or, failing that, beside the config file (`config_dir`; None: no file): the
     model, the data, the reward functions, the tools, the environment and a tool parser given
-    by import path. The run's own config.yaml then means the same from anywhere (`gspo eval
+    by import path; and output.dir, from the working directory. The run's own config.yaml then means the same from anywhere (`gspo eval
     --config RUN/config.yaml`, a resume started from another directory)."""
     m, d, r = cfg.model, cfg.data, cfg.rollout
+    # (the runs' folder is the working directory's, as before, but written down whole: a resume
+    # started from elsewhere with RUN/config.yaml finds its run)
+    cfg.output.dir = str(Path(cfg.output.dir).expanduser().absolute())
     m.name_or_path = anchor_file_path(m.name_or_path, config_dir)
     d.source = anchor_file_path(d.source, config_dir)
     if d.eval_source:

@@ -410,6 +410,11 @@ def resolve_resume(run_dir, resume: str | None) -> Path | None:
 
         guess = " (did you mean resume=auto?)" if difflib.get_close_matches(key.lower(), ["auto", "none"], n=1) else ""
         raise ConfigError(f"config field 'resume': {key!r} is not auto, none or a checkpoint folder{guess}")
+    if (path / CHECKPOINTS).is_dir() or (path.name == CHECKPOINTS and (path / LATEST).is_file()):
+        run = path if (path / CHECKPOINTS).is_dir() else path.parent
+        raise ConfigError(f"config field 'resume': {path} is a run's {'folder' if run == path else 'checkpoints folder'}, "
+                          f"not one checkpoint; continue the run with resume=auto output.dir={run.parent} "
+                          f"output.name={run.name}, or name one of its checkpoints ({run / CHECKPOINTS}/step-N)")
     if (path / "config.json").is_file() and not (path / "trainer_state.json").is_file():
         raise ConfigError(f"config field 'resume': {path} is a model folder, not a checkpoint; to train from these "
                           f"weights set model.name_or_path={path} (a run's checkpoints are in RUN/checkpoints/step-N, "

@@ -25,7 +25,7 @@ from gspo import algo
 from gspo.train import async_job, checkpoint, run_state
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
-from gspo.config import Config, objective_args
+from gspo.config import Config, objective_args, to_yaml
 from gspo.models.logprobs import can_share_prompt, share_min_saved
 from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
@@ -355,10 +355,16 @@ class _StopRequest:
     """SIGTERM / SIGINT set a flag, and say so; the loop checkpoints after the current rollout and
     exits. A second signal stops the run at once (`Interrupted`)."""
 
-    def __init__(self, say: bool = True):
+    def __init__(self, say: bool = True, run_dir: Path | None = None):
         self.signum = None
         self._old = {}
         self.say = say
+        self.run_dir = run_dir
+
+    def _saved(self) -> str | None:
+        """The run's newest whole checkpoint, by name (None: it has none yet)."""
+        latest = self.run_dir / "checkpoints" / "latest" if self.run_dir is not None else None
+        return latest.read_text().strip() or None if latest is not None and latest.is_file() else None
 
     def __enter__(self):
         for s in (signals.SIGTERM, signals.SIGINT):
@@ -369,12 +375,15 @@ class _StopRequest:
         return self
 
     def _handle(self, signum, frame):
+        saved = self._saved()
         if self.signum is not None:  # second signal: stop now
-            raise Interrupted
+            raise Interrupted(f"its checkpoint {saved} is intact: resume=auto continues from it" if saved else
+                              "it had no checkpoint yet: resume=auto starts it over")
         self.signum = signum
         if self.say:
-            print("\ngspo: stopping after the rollout in progress, then saving a checkpoint to resume from "
-                  "(resume=auto); a second Ctrl-C stops at once and loses that rollout", file=sys.stderr, flush=True)
+            lose = f"the work since checkpoint {saved}" if saved else "all of the run's work (it has no checkpoint yet)"
+            print(f"\ngspo: stopping after the rollout in progress, then saving a checkpoint to resume from "
+                  f"(resume=auto); a second Ctrl-C stops at once and loses {lose}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
@@ -414,6 +423,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
             return run_dir
         run.prompts.load_state_dict(state.prompts)
         if d.is_main:
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the settings it goes on with
             truncate_metrics(run_dir / "metrics.jsonl", state.step)
             checkpoint.resume_here(run.resume_from)
             print(f"resumed from {run.resume_from} (rollout {state.rollout}, step {state.step})")
@@ -423,7 +433,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     try:
         if run.remote is not None:
             run.remote.begin(state.rollout, inflight)  # the generators start on what the schedule needs
-        with _StopRequest(say=d.is_main) as stop:
+        with _StopRequest(say=d.is_main, run_dir=run_dir) as stop:
             if state.rollout == 0 and cfg.eval.enabled:
                 start = evaluate_run(run, 0)  # the starting point
                 if sinks:

@@ -360,7 +360,8 @@ def build_run(cfg: Config) -> Run:
     enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     if d.is_main:
         say_held_out(cfg, eval_rows, dropped_held, cap)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if resume_from is None:  # (a resume writes it once it is sure to go on: `gspo.train.loop.train`)
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
     prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
                            rank=d.rank, world_size=d.world_size)
