@@ -179,6 +179,34 @@ def test_a_hub_style_folder_is_read_by_split(tmp_path):
         load_rows(tmp_path / "empty")
 
 
+def test_a_hub_style_folders_split_names_are_whole_names_and_its_configs_are_not_merged(tmp_path):
+    """A file belongs to a split by its whole name (train_sft is not train), a word of it
+    (gsm8k_train) or its folder; several splits or configs that a name would merge are refused
+    (test rows had been trained on: gsm8k_train + gsm8k_test were read as one dataset)."""
+    def write(rel, n, tag):
+        f = tmp_path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps({"prompt": f"{tag}{i}="}) + "\n" for i in range(n)))
+
+    for split in ("train_sft", "train_gen", "test_sft"):
+        write(f"ultra/data/{split}-00000-of-00001.jsonl", 2, split)
+    write("gsm/gsm8k_train.jsonl", 2, "train")
+    write("gsm/gsm8k_test.jsonl", 1, "test")
+    (tmp_path / "gsm" / "dataset_infos.json").write_text(json.dumps({"default": {}}, indent=2))  # not data
+    for config in ("main", "socratic"):
+        write(f"cfgs/{config}/train-00000-of-00001.jsonl", 1, config)
+    prompts = lambda rows: [r["prompt"] for r in rows]  # noqa: E731
+    assert prompts(load_rows(tmp_path / "ultra", split="train_sft")) == ["train_sft0=", "train_sft1="]
+    with pytest.raises(DataError, match=r"data.split='train' matches the files of several splits \(train_gen, "
+                                        r"train_sft\); name one"):
+        load_rows(tmp_path / "ultra")
+    assert prompts(load_rows(tmp_path / "gsm")) == ["train0=", "train1="]
+    assert prompts(load_rows(tmp_path / "gsm", split="test")) == ["test0="]
+    with pytest.raises(DataError, match=r"holds several datasets in its folders \(main, socratic\)"):
+        load_rows(tmp_path / "cfgs")
+    assert prompts(load_rows(tmp_path / "cfgs" / "main")) == ["main0="]
+
+
 def test_a_json_object_and_a_short_csv_row_are_refused_saying_what_they_are(tmp_path):
     (tmp_path / "obj.json").write_text(json.dumps({"data": [{"prompt": "x"}], "version": 1}, indent=2))
     with pytest.raises(DataError, match=r"one JSON object \(keys 'data', 'version'\), not an array of rows"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -136,6 +137,8 @@ def _read_parquet(path: Path) -> list[dict]:
 
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
+_SHARD = re.compile(r"[-_.]\d{5}[-_]of[-_]\d{5}$")  # train-00000-of-00002
+_METADATA = {"dataset_info.json", "dataset_infos.json", "state.json", "dataset_dict.json"}
 
 
 def _is_saved_dataset(path: Path) -> bool:
@@ -143,33 +146,58 @@ def _is_saved_dataset(path: Path) -> bool:
     return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
 
 
-def _split_of(file: Path, root: Path) -> str | None:
-    """The split a data file of a hub-style folder belongs to: its name's first word
-    (train-00000-of-00002.parquet, test.jsonl) or a folder's name on its way down, if a split's."""
-    words = [file.name.lower().split(".")[0].replace("_", "-").split("-")[0]]
-    words += [part.lower() for part in file.relative_to(root).parts[:-1]]
-    return next((w for w in words if w in SPLITS), None)
+def _split_name(file: Path) -> str:
+    """A data file's own name less its format suffixes and shard numbering: 'train_sft' for
+    data/train_sft-00000-of-00001.parquet, 'gsm8k_train' for gsm8k_train.jsonl.gz."""
+    name = file.name
+    while Path(name).suffix.lower() in (*_READERS, ".gz"):
+        name = Path(name).stem
+    return _SHARD.sub("", name)
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"[-._ ]+", text.lower()) if w]
 
 
 def _read_data_folder(path: Path, split: str | None, split_field: str) -> list[dict]:
-    """A folder of data files as the hub lays a dataset out (data/train-00000-of-00001.parquet,
-    ...): the files of `split` (default train), in name order, read as one dataset; a folder
-    whose files name no split is one dataset, read whole when no split is asked for."""
-    files = sorted(f for f in path.rglob("*") if f.is_file() and _kind(f) in _READERS
+    """A folder of data files as the hub lays a dataset out: the files of `split` (default train),
+    in name order, read as one dataset. A file belongs to split S when its name less shard
+    numbering is S (data/train-00000-of-00002.parquet), when S is a word of that name
+    (gsm8k_train.jsonl) or of a folder on its way down (train/part-0.jsonl). A name that only
+    contains S among other words (train_sft, validation_matched) is its own split: asked for by
+    name, and refused as ambiguous when S matches several. A folder whose files name no split is
+    one dataset, read whole when no split is asked for; one that holds several datasets in
+    subfolders (configs) is refused."""
+    files = sorted(f for f in path.rglob("*") if f.is_file() and _kind(f) in _READERS and f.name not in _METADATA
                    and not any(part.startswith(".") for part in f.relative_to(path).parts))
     if not files:
         raise DataError(f"{path}: a folder that is neither a datasets save_to_disk folder nor holds data files "
                         f"({', '.join(_READERS)})")
-    splits = {f: _split_of(f, path) for f in files}
-    named = sorted({s for s in splits.values() if s})
-    if not named and split is None:
-        chosen = files
+    names = {f: _split_name(f) for f in files}
+    folders = {f: [w for part in f.relative_to(path).parts[:-1] for w in _words(part)] for f in files}
+    want = (split or "train").lower()
+    exact = [f for f in files if names[f].lower() == want or (want in folders[f] and not any(
+        w in SPLITS for w in _words(names[f]) if w != want))]
+    worded = [f for f in files if want in _words(names[f])]
+    known = sorted({n for f, n in names.items() if any(w in SPLITS for w in _words(n))}
+                   | {w for ws in folders.values() for w in ws if w in SPLITS})
+    if exact:
+        chosen = exact
+    elif len({names[f] for f in worded}) == 1:
+        chosen = worded
+    elif worded:
+        raise DataError(f"{path}: {split_field}={want!r} matches the files of several splits "
+                        f"({', '.join(sorted({names[f] for f in worded}))}); name one of them in {split_field}")
+    elif split is None and not known:
+        chosen = files  # no split anywhere: one dataset
     else:
-        want = split or "train"
-        chosen = [f for f in files if splits[f] == want]
-        if not chosen:
-            raise DataError(f"{path}: no data files of split {want!r} ({split_field}); splits found: "
-                            f"{', '.join(named) or 'none (the files name no split)'}")
+        raise DataError(f"{path}: no data files of split {want!r} ({split_field}); splits found: "
+                        f"{', '.join(sorted(set(names.values()))) if known else 'none (the files name no split)'}")
+    configs = sorted({f.relative_to(path).parts[0] for f in chosen if len(f.relative_to(path).parts) > 1
+                      and f.relative_to(path).parts[0] not in ("data", *SPLITS)})
+    if len(configs) > 1:
+        raise DataError(f"{path}: holds several datasets in its folders ({', '.join(configs)}); name one of those "
+                        f"folders in {split_field.replace('split', 'source')}")
     return [row for f in chosen for row in _READERS[_kind(f)](f)]
 
 
