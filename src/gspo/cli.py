@@ -52,6 +52,7 @@ def cmd_eval(args) -> int:
     from gspo.train.prompts import check_answer_column, check_option_columns, fitting_prompts, load_prompt_rows, prompt_cap
     from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs
     from gspo.rollout import chunk_seed
+    from gspo.tasks import TASKS
     from gspo.train.threads import setup_threads
 
     flags = {"eval.num_prompts": args.num_prompts, "eval.pass_k": args.pass_k,
@@ -65,9 +66,11 @@ def cmd_eval(args) -> int:
         data, extra = None, [data]
     if data is None and args.config is None:
         data = "arithmetic"  # no dataset named anywhere: the built-in task
-    # a dataset named here is the one evaluated, whatever data.eval_source the config names
-    overrides = [f"model.name_or_path={args.model}", *([f"data.source={data}", "data.eval_source=null"]
-                                                       if data is not None else []),
+    # a dataset named here is the one evaluated, as the held-out data (read with data.eval_split); a
+    # built-in task's is its held-out split, the prompts a run's own evaluation draws
+    named = [] if data is None else [f"data.source={data}", "data.eval_source=null"] if data in TASKS else \
+        [f"data.eval_source={data}"]
+    overrides = [f"model.name_or_path={args.model}", *named,
                  *(f"{k}={v}" for k, v in flags.items() if v is not None), *extra, *args.overrides]
     cfg = load_config(args.config, overrides)
     setup_threads(cfg.threads)
@@ -130,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a task or dataset")
     e.add_argument("model", help="HF model id or local path (e.g. runs/NAME/final)")
     e.add_argument("data", nargs="?", default=None,
-                   help="built-in task name or dataset path (default: the --config's data.source, else arithmetic)")
+                   help="built-in task name or dataset path, read with data.eval_split (default: the --config's "
+                        "held-out data: data.eval_source, or data.source's held-out split; else arithmetic)")
     e.add_argument("--config", default=None, help="YAML config for rewards and sampling settings")
     e.add_argument("--num-prompts", type=int, default=None, help="held-out prompts (default: eval.num_prompts)")
     e.add_argument("--pass-k", type=int, default=None, help="also report pass@k (default: eval.pass_k)")
