@@ -96,6 +96,12 @@ def test_math_verify_equivalence():
     completions = ["The answer is \\boxed{1/2}", "\\boxed{0.5}", "\\boxed{0.6}", "no number here"]
     assert math_verify([""] * 4, completions, answer=["0.5", "\\frac{1}{2}", "0.5", "0.5"]) == [1.0, 1.0, 0.0, 0.0]
     assert math_verify([""], ["1"], answer=[None]) == [None]
+    # a list of acceptable answers, as exact_answer takes it (str(list) was parsed: always 0)
+    assert math_verify([""] * 3, ["4", "\\boxed{4}", "5"], answer=[["4", "four"], [None, "4"], ["4"]]) == [1.0, 1.0, 0.0]
+    import numpy as np
+
+    assert math_verify([""], ["nan"], answer=[np.float32("nan")]) == [None]  # numpy's NaN is missing too
+    assert exact_answer([""], ["nan"], answer=[np.float32("nan")]) == [None]
 
 
 def test_math_verify_off_the_main_thread():

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import functools
+import numbers
 import re
 import threading
 from typing import Any, Callable
@@ -53,7 +54,7 @@ def gold_answers(gold) -> set[str]:
     has an empty cell (4.0 for 4), is accepted in its integer form too."""
     out: set[str] = set()
     for g in gold if isinstance(gold, (list, tuple)) else [gold]:
-        if g is None or (isinstance(g, float) and g != g):
+        if g is None or (isinstance(g, numbers.Number) and g != g):  # (numpy's NaN too)
             continue
         text = str(g).strip()
         if not text:
@@ -106,18 +107,14 @@ def math_verify(prompts, completions, answer=None, **kwargs) -> list[float | Non
         return [None] * len(completions)
     t = 5 if threading.current_thread() is threading.main_thread() else None
     out: list[float | None] = []
-    for completion, gold_text in zip(completions, answer):
-        golds = gold_answers(gold_text)
-        if not golds:  # None, NaN, empty or blank: missing
-            out.append(None)
-            continue
-        gold_text = str(gold_text).strip()
-        gold = parse(gold_text, parsing_timeout=t) or parse(f"${gold_text}$", parsing_timeout=t)
-        if not gold:
+    for completion, gold_cell in zip(completions, answer):
+        golds = [g for text in sorted(gold_answers(gold_cell))  # None, NaN, empty or blank: missing
+                 if (g := parse(text, parsing_timeout=t) or parse(f"${text}$", parsing_timeout=t))]
+        if not golds:  # missing or unparsable
             out.append(None)
             continue
         pred = parse(completion_text(completion), parsing_timeout=t)
-        out.append(float(bool(pred) and verify(gold, pred, timeout_seconds=t)))
+        out.append(float(bool(pred) and any(verify(g, pred, timeout_seconds=t) for g in golds)))
     return out
 
 
