@@ -155,6 +155,7 @@ def test_help_lists_every_field(capsys):
     ("model.group_size=4", "'model.group_size': unknown field (did you mean 'rollout.group_size'?)"),
     ("rollout.group_sie=4", "(did you mean 'rollout.group_size'?)"),
     ("output.name=off", "config field 'output.name': YAML read False"),  # the run went to runs/False
+    ("rewards.functions=[{name: exact_answer, kwargs: 5}]", "'rewards.functions[0].kwargs': must be a mapping"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, override, field, capsys):
     rc, _ = run(tmp_path, override)
@@ -189,8 +190,13 @@ def test_dataset_without_prompt_column_or_empty(tmp_path, capsys):
 def test_a_list_field_given_one_item_takes_it_as_a_list_of_one_and_a_folder_is_no_config(tmp_path, capsys):
     from gspo.config import load_config
 
-    cfg = load_config(None, ["lora.target_modules=q_proj", "rewards.functions={name: format}"])
+    cfg = load_config(None, ["lora.target_modules=q_proj", "rewards.functions={name: format}",
+                             "rollout.tools=gspo.tool_tasks:calc"])
     assert cfg.lora.target_modules == ["q_proj"] and [f.name for f in cfg.rewards.functions] == ["format"]
+    assert cfg.rollout.tools == ["gspo.tool_tasks:calc"]
+    # reward functions by bare name (the advice given for them was refused as setting a list by index)
+    cfg = load_config(None, ["rewards.functions=[exact_answer, {name: format, weight: 0.5}]"])
+    assert [(f.name, f.weight) for f in cfg.rewards.functions] == [("exact_answer", 1.0), ("format", 0.5)]
     y = tmp_path / "one.yaml"
     y.write_text("rewards:\n  functions:\n    name: exact_answer\n    weight: 2\n")
     assert [(f.name, f.weight) for f in load_config(y).rewards.functions] == [("exact_answer", 2.0)]

@@ -74,12 +74,16 @@ def _shape(value, cls: type, prefix: str = ""):
                                   f"it takes text; quote it, e.g. {name}='off'")
         if dataclasses.is_dataclass(hint):
             v = _shape(v, hint, f"{name}.")
-        elif origin in (list, typing.List) and v is not None:
+        elif (hint is list or origin in (list, typing.List)) and v is not None:
             item = args[0] if args else typing.Any
             if not isinstance(v, list):
                 v = [v]  # one item given for a list
             if dataclasses.is_dataclass(item):
-                v = [_shape(x, item, f"{name}[{i}].") for i, x in enumerate(v)]
+                named = "name" in {f.name for f in dataclasses.fields(item)}
+                v = [_shape({"name": x} if named and isinstance(x, str) else x, item, f"{name}[{i}].")
+                     for i, x in enumerate(v)]  # (a bare name: `rewards.functions=[exact_answer, format]`)
+        elif (hint is dict or origin in (dict, typing.Dict)) and v is not None and not isinstance(v, dict):
+            raise ConfigError(f"config field '{name}': must be a mapping, e.g. {{key: value}}; got {v!r}")
         out[key] = v
     return out
 
