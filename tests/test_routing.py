@@ -467,3 +467,26 @@ def test_replay_and_the_balancing_loss_under_activation_checkpointing_match_the_
     assert ga.keys() == gb.keys() and any("router" in k or "gate" in k for k in ga)
     for k in ga:
         torch.testing.assert_close(ga[k], gb[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_a_router_that_replay_or_the_balancing_loss_cannot_serve_is_refused_before_any_sampling(tmp_path):
+    """It was refused in the first update pass, after a rollout's compute and with the run's files
+    written, so the corrected command then met 'run directory already holds a run'."""
+    tok = build_char_tokenizer()
+    _llama4(len(tok)).save_pretrained(tmp_path / "llama4")
+    tok.save_pretrained(tmp_path / "llama4")
+    base = [x for x in TINY if not x.startswith(("model.", "tiny."))]
+    base += [f"model.name_or_path={tmp_path / 'llama4'}", f"output.dir={tmp_path}", "output.name=run"]
+    sampled = []
+    import gspo.rollout.hf as hf
+
+    real = hf.HFGenerator.generate
+    hf.HFGenerator.generate = lambda *a, **k: sampled.append(1) or real(*a, **k)
+    try:
+        with pytest.raises(ConfigError, match="'algo.router_aux_loss_coef': Llama4Router does not gate with a softmax"):
+            train(load_config(None, [*base, "algo.router_aux_loss_coef=0.01"]))
+    finally:
+        hf.HFGenerator.generate = real
+    assert not sampled and not (tmp_path / "run" / "config.yaml").exists()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    train(load_config(None, base))  # the corrected command runs in the same directory

@@ -116,6 +116,19 @@ def _as_topk(router, output, k: int):
     return None
 
 
+def _check_rule(router, logits, idx, scores, dense: bool, *, replay: bool, aux: bool) -> None:
+    """One ConfigError naming the field when `router`'s gates are not the rule that Routing Replay
+    (`replay`) or the Switch load-balancing loss (`aux`) needs."""
+    if aux and (dense or not _gated_by_rule(router, logits, idx, scores, dense=False)):
+        raise ConfigError(f"config field 'algo.router_aux_loss_coef': {type(router).__name__} does not gate with a "
+                          "softmax over its logits (sigmoid routing, as in DeepSeek-V3 and Llama 4), so the Switch "
+                          "load-balancing loss is not defined for it; set it to 0")
+    if replay and not _gated_by_rule(router, logits, idx, scores, dense):
+        rule = "top-k sigmoid" if dense else "softmax + top-k renormalisation"
+        raise ConfigError(f"config field 'algo.routing_replay': {type(router).__name__} computes gate weights in a "
+                          f"way gspo does not reproduce ({rule}); replay is off limits for this model")
+
+
 _TRACKERS: weakref.WeakSet = weakref.WeakSet()  # every RouteTracker with hooks on a model
 
 
@@ -176,6 +189,34 @@ class RouteTracker:
         for h in self._handles:
             h.remove()
         _TRACKERS.discard(self)
+
+    @torch.no_grad()
+    def check_rules(self, model, *, replay: bool, aux: bool) -> None:
+        """At start-up, before any sampling: one forward of four tokens through `model`, and each
+        router's gates checked against what Routing Replay (`replay`) or the load-balancing loss
+        (`aux`) needs, so that a router they cannot serve is one error naming the field at once,
+        not in the first update pass after a rollout's compute (every process of a sharded model
+        runs it together)."""
+        seen: dict[int, tuple] = {}
+
+        def keep(i: int):
+            def hook(module, args, out):
+                seen.setdefault(i, (module, out))  # (returns None: the output stays as it is)
+            return hook
+
+        handles = [r.register_forward_hook(keep(i)) for i, r in enumerate(self.routers)]
+        try:
+            device = next(model.parameters()).device
+            vocab = model.get_input_embeddings().num_embeddings
+            model(input_ids=torch.arange(1, 5, device=device)[None] % vocab)
+        finally:
+            for h in handles:
+                h.remove()
+        for module, out in seen.values():
+            read = _as_topk(module, out, self.k)
+            if read is not None:
+                logits, scores, idx, dense = read
+                _check_rule(module, logits, idx, scores, dense, replay=replay, aux=aux)
 
     def _state(self) -> tuple:
         return self._mode, self._replay, self._slot, self._whole
@@ -325,11 +366,7 @@ class RouteTracker:
                 return None
             if self.aux and torch.is_grad_enabled():
                 if ("aux", layer) not in self._checked:  # the loss reads softmax gate probabilities
-                    if dense or not _gated_by_rule(module, logits, idx, scores, dense=False):
-                        raise ConfigError(f"config field 'algo.router_aux_loss_coef': {type(module).__name__} does "
-                                          "not gate with a softmax over its logits (sigmoid routing, as "
-                                          "in DeepSeek-V3 and Llama 4), so the Switch load-balancing loss is not defined for it; "
-                                          "set it to 0")
+                    _check_rule(module, logits, idx, scores, dense, replay=False, aux=True)
                     self._checked.add(("aux", layer))
                 self._add_aux(logits, idx, mask, fan)
             if self.routes is None:  # (no π_old routes to record or compare: the load balancing only)
@@ -363,11 +400,7 @@ class RouteTracker:
                                        "(replay needs the trainer's π_old pass over the same rollout)")
                 old = torch.where(unknown[:, None], idx[flat_mask].long(), old)  # (see `_last_tokens`)
             if layer not in self._checked:  # the gate-weight rule must reproduce this router
-                if not _gated_by_rule(module, logits, idx, scores, dense):
-                    rule = "top-k sigmoid" if dense else "softmax + top-k renormalisation"
-                    raise ConfigError(f"config field 'algo.routing_replay': {type(module).__name__} computes gate "
-                                      f"weights in a way gspo does not reproduce ({rule}); "
-                                      "replay is off limits for this model")
+                _check_rule(module, logits, idx, scores, dense, replay=True, aux=False)
                 self._checked.add(layer)
             rep_idx = idx.clone()
             rep_idx[flat_mask] = old.to(idx.dtype)

@@ -360,8 +360,6 @@ def build_run(cfg: Config) -> Run:
     enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     if d.is_main:
         say_held_out(cfg, eval_rows, dropped_held, cap)
-        if resume_from is None:  # (a resume writes it once it is sure to go on: `gspo.train.loop.train`)
-            (run_dir / "config.yaml").write_text(to_yaml(cfg))
     r = cfg.rollout
     prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
                            rank=d.rank, world_size=d.world_size)
@@ -381,6 +379,8 @@ def build_run(cfg: Config) -> Run:
             raise ConfigError(f"config field 'algo.router_aux_loss_coef': no routers to balance: {no_routers(model)}")
         routes = routes or RouteTracker(model)  # (its hooks see every router call of the update pass)
         routes.aux = True
+    if routes is not None and (cfg.algo.routing_replay or routes.aux):  # routers they cannot serve: refused now
+        routes.check_rules(model, replay=cfg.algo.routing_replay, aux=routes.aux)
     autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
 
     def logprob_module(policy):
@@ -416,6 +416,8 @@ def build_run(cfg: Config) -> Run:
     if job is not None:
         async_job.connect(job, cfg, d.device)
         remote = async_mode.AsyncRollouts(cfg, job, model, tok, prompts, cfg.schedule.rollouts)
+    if d.is_main and resume_from is None:  # the run is set up (a resume writes it once it goes on: `loop.train`)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
     return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
                generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
                scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
