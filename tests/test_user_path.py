@@ -497,7 +497,7 @@ def test_held_out_prompts_too_long_are_counted_and_an_eval_source_without_answer
                f"data.source={tmp_path / 'train.jsonl'}", f"data.eval_source={no_answer}"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert f"data.eval_source {no_answer} has no answer in it" in err and "rewards.functions[0].name" in err
+    assert f"data.eval_source {no_answer} has, but with every cell empty" in err and "rewards.functions[0].name" in err
 
 
 def test_a_column_named_like_a_built_in_rewards_option_is_refused_at_start_up(tmp_path, saved, capsys):
@@ -527,3 +527,17 @@ def test_gspo_eval_reads_the_dataset_it_is_given_with_data_eval_split(tmp_path, 
     for extra, tag in (([], "train"), (["data.eval_split=test"], "test")):
         assert main(["eval", str(saved("qwen3")), str(tmp_path / "dd"), "--num-prompts", "2", reward, *extra]) == 0
         assert _columns_seen(cols)[-1]["tag"] == [tag, tag]
+
+
+def test_evaluation_accuracy_is_over_the_prompts_that_got_a_reward(tmp_path, saved, capsys):
+    """A prompt without an answer has no reward: it counted as wrong, capping accuracy at the
+    share of prompts that had one."""
+    data = write_jsonl(tmp_path / "half.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1) if i % 2 else ""}
+                                                 for i in range(4)])
+    (tmp_path / "some.py").write_text("def some(prompts, completions, answer, **kw):\n"
+                                      "    return [1.0 if a else None for a in answer]\n")
+    capsys.readouterr()
+    assert main(["eval", str(saved("qwen3")), str(data), "--num-prompts", "4",
+                 f"rewards.functions=[{{name: '{tmp_path / 'some.py'}:some'}}]"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["eval/accuracy"] == 1.0 and m["eval/missing_frac"] == 0.5 and m["eval/num_prompts"] == 4

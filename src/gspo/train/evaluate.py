@@ -55,7 +55,8 @@ def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> torch.Ten
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
              generator=None, complete=None, seed: int = 0) -> dict:
-    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked.
+    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked,
+    over the prompts that got a reward (`eval/missing_frac`: those that did not, e.g. no answer).
     `complete(texts, pass_k) -> (greedy, samples or None, samples per prompt)` computes the
     completions elsewhere (async mode: on a generator); by default `model` and `generator` here."""
     texts = [format_prompt(r["prompt"], tokenizer) for r in rows]
@@ -69,13 +70,17 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
 
     comps, samples, n = complete(texts, pass_k)
     total, first = _score(runner, rows, comps, 1)
-    ok = first >= 1.0 - 1e-9
-    m = {"eval/accuracy": ok.float().mean().item(),
-         "eval/reward_mean": torch.nanmean(total).item()}
+    scored = ~torch.isnan(first)  # a prompt whose reward is missing (no answer) is neither right nor wrong
+    ok = first[scored] >= 1.0 - 1e-9
+    m = {"eval/accuracy": ok.float().mean().item() if scored.any() else float("nan"),
+         "eval/reward_mean": torch.nanmean(total).item(), "eval/missing_frac": 1.0 - scored.float().mean().item()}
     if samples is not None:
         _, first_k = _score(runner, rows, samples, n)
-        correct = (first_k >= 1.0 - 1e-9).view(len(rows), n).sum(-1)
-        m[f"eval/pass@{pass_k}"] = sum(pass_at_k(n, int(c), pass_k) for c in correct) / len(rows)
+        first_k = first_k.view(len(rows), n)
+        kept = ~torch.isnan(first_k).all(-1)
+        correct = (first_k >= 1.0 - 1e-9).sum(-1)[kept]
+        m[f"eval/pass@{pass_k}"] = (sum(pass_at_k(n, int(c), pass_k) for c in correct) / len(correct)
+                                    if len(correct) else float("nan"))
     return m
 
 

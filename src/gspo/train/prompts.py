@@ -159,8 +159,10 @@ def check_answer_column(cfg: Config, rows: list[dict], held: bool = False) -> No
     for i, f in enumerate(cfg.rewards.functions):
         if f.name in ANSWER_REWARDS and f.weight != 0 and rows and not any(gold_answers(r.get("answer")) for r in rows):
             columns = sorted({k for r in rows[:100] for k in r})
-            what = "has no answer in it" if any("answer" in r for r in rows) else "does not have"
+            blank = any("answer" in r for r in rows)
+            what = "has, but with every cell empty" if blank else "does not have"
+            hint = ("fill it in" if blank else "name the reference answer 'answer' (MATH's is in 'solution', GSM8K's "
+                    "after '####' in 'answer')")
             raise DataError(f"config field 'rewards.functions[{i}].name': {f.name} compares completions with the "
                             f"dataset's 'answer' column, which {rows_source(cfg, held)} {what} (its columns: "
-                            f"{', '.join(columns)}); name the reference answer 'answer' (MATH's is in 'solution', "
-                            f"GSM8K's after '####' in 'answer')")
+                            f"{', '.join(columns)}); {hint}")
