@@ -43,6 +43,12 @@ def test_sapo_hand_values():
     s2 = 1 / (1 + math.exp(-0.525))
     assert loss == pytest.approx(4 / 1.05 * s2, rel=1e-6)
     assert g.item() == pytest.approx(4 * s2 * (1 - s2) * 1.5, rel=1e-5)
+    # in float64 to float64's precision (tau was built in float32: 1.05 became 1.0499999523)
+    loss64, _, _ = _grad(lambda lp: algo.policy_loss(lp, old.double(), torch.tensor([-1.0], dtype=torch.float64),
+                                                     mask, level="token", objective="sapo", eps_low=None,
+                                                     eps_high=None, tau_pos=1.0, tau_neg=1.05, **BIG),
+                         torch.tensor([[math.log(1.5)]], dtype=torch.float64))
+    assert loss64 == pytest.approx(4 / 1.05 * s2, rel=1e-12)
 
 
 def test_sapo_on_policy_gradient_is_the_plain_policy_gradient():

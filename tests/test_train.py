@@ -128,7 +128,8 @@ def test_help_lists_every_field(capsys):
     ("algo.eps_low=-1", "config field 'algo.eps_low'"),
     ("algo.level=banana", "config field 'algo.level': 'banana' is not sequence | sequence_token | token"),
     ("algo.sapo_tau_pos=2", "config field 'algo.sapo_tau_pos'"),  # SAPO's, with objective=clip: not silently ignored
-    ("algo.aggregation=token-mean", "algo"),     # length weighting at sequence level
+    ("algo.aggregation=token-mean", "config field 'algo.aggregation'"),  # length weighting at sequence level
+    ("algo.mismatch_correction=bogus", "config field 'algo.mismatch_correction'"),  # (both named 'algo' before)
     ("nonsense.key=1", "nonsense"),
     ("rollout.group_size=abc", "rollout.group_size"),
     ("rewards.functions=[{name: code_tests}]", "rewards.allow_code_execution"),  # opt-in only

@@ -164,7 +164,7 @@ def sapo_gate(ratio: torch.Tensor, adv: torch.Tensor, tau_pos: float, tau_neg: f
     f'(r) = 4 sigma (1 - sigma)): 1 on-policy (r = 1), falling smoothly to 0 as r leaves 1, so
     the gradient A f'(r) r grad log pi is the plain policy gradient near r = 1 and fades far
     from it instead of being cut at a clip bound."""
-    tau = torch.where(adv > 0, tau_pos, tau_neg)
+    tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))  # (the ratio's dtype, not float32)
     sig = torch.sigmoid(tau * (ratio - 1.0))
     return 4.0 / tau * sig, 4.0 * sig * (1.0 - sig)
 

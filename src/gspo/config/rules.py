@@ -4,7 +4,9 @@ model loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 from gspo.config.fields import OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, AlgoConfig, Config, ConfigError
 
@@ -42,6 +44,14 @@ def validate_world(cfg: Config, world_size: int) -> None:
     _check(s.micro_batch_size == 0 or per_rank_mb % s.micro_batch_size == 0, "schedule.micro_batch_size",
            f"each process's part of a minibatch ({per_rank_mb} sequences) does not split into micro-batches "
            f"of {s.micro_batch_size}")
+
+
+def _algo_field(err: ValueError) -> str:
+    """The algo.* field a `gspo.algo` validation message is about: it starts with the argument's
+    name (`eps_low ...`, `aggregation='token-mean' ...`, `mismatch_cap ...`)."""
+    word = re.split(r"[\s=:,]", str(err), maxsplit=1)[0]
+    word = {"tau_pos": "sapo_tau_pos", "tau_neg": "sapo_tau_neg"}.get(word, word)
+    return f"algo.{word}" if word in {f.name for f in dataclasses.fields(AlgoConfig)} else "algo"
 
 
 def validate(cfg: Config) -> None:
@@ -148,11 +158,8 @@ def validate(cfg: Config) -> None:
     try:
         fill_clip(cfg)
         lo, hi, a.aggregation = algo.validate_algo(**objective_args(cfg))
-    except ValueError as e:  # its message starts with the argument's name: name the field it comes from
-        field = {"eps_low": "algo.eps_low", "eps_high": "algo.eps_high", "aggregation": "algo.aggregation",
-                 "tau_pos": "algo.sapo_tau_pos", "tau_neg": "algo.sapo_tau_neg",
-                 "max_log_ratio": "algo.max_log_ratio"}.get(str(e).split(" ", 1)[0], "algo")
-        raise ConfigError(f"config field '{field}': {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"config field '{_algo_field(e)}': {e}") from None
     _check(lo is None or a.objective in ("cispo", "gmpo") or lo <= hi, "algo.eps_low",
            f"{lo} is larger than algo.eps_high={hi}: out of order (the paper's ranges, 3e-4/4e-4 and 0.2/0.27, "
            "widen the upper side)")
@@ -169,11 +176,8 @@ def validate(cfg: Config) -> None:
     try:
         method = "none" if a.mismatch_correction == "auto" else a.mismatch_correction
         algo.validate_mismatch(method, a.mismatch_level, a.mismatch_cap, a.mismatch_floor)
-    except ValueError as e:  # its message starts with the argument's name: name the field it comes from
-        field = {"eps_low": "algo.eps_low", "eps_high": "algo.eps_high", "aggregation": "algo.aggregation",
-                 "tau_pos": "algo.sapo_tau_pos", "tau_neg": "algo.sapo_tau_neg",
-                 "max_log_ratio": "algo.max_log_ratio"}.get(str(e).split(" ", 1)[0], "algo")
-        raise ConfigError(f"config field '{field}': {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"config field '{_algo_field(e)}': {e}") from None
     _check(a.mismatch_correction in ("none", "auto") or r.old_logp == "trainer", "algo.mismatch_correction",
            "weighs by pi_old / pi_sampler, which needs both: set rollout.old_logp=trainer (with the sampler's "
            "log-probs as pi_old the weight is 1 and GSPO's clip is the correction, paper section 5.4)")
