@@ -69,7 +69,8 @@ def test_config_rules_name_the_field(overrides, field):
 
 def test_config_accepts_the_edges():
     load_config(None, ["rewards.overlong_penalty=1.0", "rollout.max_new_tokens=8", "rewards.overlong_buffer=8"])
-    load_config(None, ["rewards.overlong_buffer=999"])  # penalty off: the buffer is not used
+    with pytest.raises(ConfigError, match="rewards.overlong_buffer"):  # penalty off: a buffer would do nothing,
+        load_config(None, ["rewards.overlong_buffer=999"])  # and is refused as SAPO's temperatures are elsewhere
     load_config(None, ["rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_rounds=1"])
 
 

@@ -130,6 +130,7 @@ def test_help_lists_every_field(capsys):
     ("algo.sapo_tau_pos=2", "config field 'algo.sapo_tau_pos'"),  # SAPO's, with objective=clip: not silently ignored
     ("algo.aggregation=token-mean", "config field 'algo.aggregation'"),  # length weighting at sequence level
     ("algo.mismatch_correction=bogus", "config field 'algo.mismatch_correction'"),  # (both named 'algo' before)
+    ("rewards.overlong_buffer=5", "config field 'rewards.overlong_buffer'"),  # with the penalty off: it did nothing
     ("nonsense.key=1", "nonsense"),
     ("rollout.group_size=abc", "rollout.group_size"),
     ("rewards.functions=[{name: code_tests}]", "rewards.allow_code_execution"),  # opt-in only

@@ -208,7 +208,8 @@ class AlgoConfig:
     entropy_coef: float = doc(0.0, "weight of an entropy bonus (pi_theta's entropy, aggregated as the loss; 0 = none)")
     mask_truncated: bool = doc(False, "leave completions cut by the length limit (finish reason 'length') out of the "
                                "loss (DAPO's overlong filtering): they add 0 but still count in the mean")
-    eps_low: Optional[float] = doc(None, "lower clip range; default per level: 3e-4 sequence levels, 0.2 token (paper §5.1)")
+    eps_low: Optional[float] = doc(None, "lower clip range, at most eps_high (as the paper's ranges, except CISPO's and "
+                                   "GMPO's own); default per level: 3e-4 sequence levels, 0.2 token (paper §5.1)")
     eps_high: Optional[float] = doc(None, "upper clip range; default per level: 4e-4 sequence levels, 0.27 token")
     aggregation: Optional[str] = doc(None, "token level only: seq-mean-token-mean | token-mean | seq-mean-token-sum-norm")
     max_log_ratio: float = doc(10.0, "log-ratios are clamped to +-this before exp (finite loss for finite inputs)")

@@ -225,6 +225,8 @@ def _validate_data_controls(cfg: Config) -> None:
     _check(math.isfinite(p) and p >= 0, "rewards.overlong_penalty", f"must be a finite number >= 0 (0 = off; got {p})")
     _check(rw.overlong_buffer >= 0, "rewards.overlong_buffer", f"must be >= 0 (0 = a fifth of the length limit; "
            f"got {rw.overlong_buffer})")
+    _check(p > 0 or rw.overlong_buffer == 0, "rewards.overlong_buffer", "is the buffer of rewards.overlong_penalty, "
+           "which is 0 (off): set the penalty too, or leave the buffer unset")
     limit = length_limit(r)
     _check(p == 0 or rw.overlong_buffer <= limit, "rewards.overlong_buffer",
            f"{rw.overlong_buffer} is longer than the length limit it ends at ({limit} tokens: "
