@@ -250,6 +250,16 @@ def test_unknown_or_repeated_tracker_is_rejected(names):
         load_config(None, [f"logging.report_to={names}"])
 
 
+def test_none_and_all_are_trls_words_for_no_tracker_and_every_installed_one(monkeypatch):
+    """TRL and transformers users write report_to=none (it was 'unknown tracker none')."""
+    import importlib.util
+
+    assert load_config(None, ["logging.report_to=none"]).logging.report_to == []
+    installed = {"tensorboard", "mlflow"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    assert load_config(None, ["logging.report_to=all"]).logging.report_to == ["tensorboard", "mlflow"]
+
+
 def test_wandb_goes_online_only_with_a_key(tmp_path, monkeypatch):
     from gspo.report.trackers import _wandb_logged_in
 

@@ -286,7 +286,8 @@ class LoggingConfig:
     no_signal_every: int = doc(10, "warn on stderr, at most once in this many rollouts, when every group of a "
                                "rollout had equal rewards (no advantage, so no gradient; 0 = never)")
     report_to: List[str] = doc([], "experiment trackers (TRL's names): any of tensorboard, wandb, trackio, mlflow "
-                               "(extras gspo[NAME]); each gets every step's metrics, the completions and the config")
+                               "(extras gspo[NAME]), or none, or all (every one installed); each gets every step's "
+                               "metrics, the completions and the config")
     project: str = doc("gspo", "wandb / trackio project and mlflow experiment the run (named output.name) is filed under")
 
 

@@ -192,6 +192,12 @@ def validate(cfg: Config) -> None:
             _check(rw.allow_code_execution, "rewards.allow_code_execution",
                    "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
     names = cfg.logging.report_to
+    if names == ["none"]:  # TRL's and transformers' words for no tracker, and for every installed one
+        names = cfg.logging.report_to = []
+    elif names == ["all"]:  # (each tracker's package has its name: gspo.report.trackers)
+        import importlib.util
+
+        names = cfg.logging.report_to = [n for n in TRACKER_NAMES if importlib.util.find_spec(n)]
     unknown = [n for n in names if n not in TRACKER_NAMES]
     _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(unknown)}: choose from {' | '.join(TRACKER_NAMES)}")
     _check(len(set(names)) == len(names), "logging.report_to", "names a tracker twice")
