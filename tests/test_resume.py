@@ -369,3 +369,25 @@ def test_checkpoints_are_also_saved_by_time(tmp_path):
     assert sorted(x.name for x in ck.glob("step-*")) == ["step-2", "step-4", "step-6"], p.stderr[-2000:]
     gspo_train(tmp_path, "untimed", "schedule.rollouts=3", "checkpoint.every=0", "checkpoint.every_minutes=0")
     assert sorted(x.name for x in (tmp_path / "untimed" / "checkpoints").glob("step-*")) == ["step-6"]
+
+
+def test_a_lost_process_of_the_job_is_one_stop_message_naming_what_is_kept(tmp_path, monkeypatch):
+    """When one rank was SIGKILLed, the survivor printed gloo's traceback ('Read error ...
+    Connection reset by peer'), with no word on the checkpoint: it now stops with one message."""
+    import gspo.train.loop as loop
+    from gspo.config import load_config
+    from gspo.train.run import build_run
+
+    assert loop.peer_lost(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Read error [...]: Connection reset by peer"))
+    assert not loop.peer_lost(RuntimeError("CUDA out of memory"))
+    monkeypatch.syspath_prepend(str(TESTS))
+    cfg = load_config(None, [*TINY, f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false"])
+    run = build_run(cfg)
+
+    def lost(*a, **k):  # as a torchrun rank whose peer died while it sampled
+        monkeypatch.setattr(type(run.dist), "enabled", property(lambda self: True))
+        raise RuntimeError("[pair.cc:534] Read error [127.0.0.1]:29500: Connection reset by peer")
+
+    monkeypatch.setattr(loop, "produce_or_save", lost)
+    with pytest.raises(loop.TrainingError, match=r"another process of the job is gone .*it had no checkpoint yet"):
+        loop.train(cfg, run=run)

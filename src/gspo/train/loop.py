@@ -347,6 +347,14 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
 # ---------------------------------------------------------------- the loop
 
 
+def peer_lost(err: BaseException) -> bool:
+    """Whether a collective failed because another process of the job died (gloo's and NCCL's
+    words for a closed connection), not because of this process's own error."""
+    text = str(err)
+    return any(w in text for w in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                                   "Connection refused", "NCCL communicator was aborted", "remote process exited"))
+
+
 class Interrupted(KeyboardInterrupt):
     """A second SIGINT / SIGTERM: the run stops at once, without saving the rollout in progress."""
 
@@ -476,6 +484,14 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
             state.finished = True
             run_state.save_run(run, state)
             run_state.save_final(run)
+    except RuntimeError as e:
+        if not (d.enabled and peer_lost(e)) or isinstance(e, TrainingError):
+            raise
+        ck = run_dir / "checkpoints"
+        kept = (f"its last checkpoint in {ck} is intact: resume with resume=auto" if (ck / "latest").is_file()
+                else "it had no checkpoint yet: resume=auto starts it over")
+        raise TrainingError(f"another process of the job is gone (rank {d.rank} of {d.world_size} lost its "
+                            f"connection: {str(e).splitlines()[0][:160]}); {kept}") from e
     finally:
         console.close()
         if sinks:
