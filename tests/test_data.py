@@ -122,7 +122,8 @@ def test_a_runs_held_out_rows_come_from_data_eval_split_of_a_dataset_dict(tmp_pa
     base = [f"data.source={tmp_path / 'dd'}", f"data.eval_source={tmp_path / 'dd'}"]
     train, held = load_prompt_rows(load_config(None, [*base, "data.eval_split=test"]))
     assert train == rows[:4] and held == rows[4:]
-    assert load_prompt_rows(load_config(None, base))[1] == rows[:4]  # unset: the loader's default, train
+    assert load_prompt_rows(load_config(None, base))[1] == rows[4:]  # unset: held-out data's default, its test split
+    assert load_prompt_rows(load_config(None, [*base, "data.eval_split=train"]))[1] == rows[:4]
 
 
 def test_missing_file_names_path(tmp_path):
@@ -205,6 +206,18 @@ def test_a_hub_style_folders_split_names_are_whole_names_and_its_configs_are_not
     with pytest.raises(DataError, match=r"holds several datasets in its folders \(main, socratic\)"):
         load_rows(tmp_path / "cfgs")
     assert prompts(load_rows(tmp_path / "cfgs" / "main")) == ["main0="]
+    # shard numbering of every kind is not a split of its own, and a split word keeps its digits
+    # (train2 + test2 were read as one dataset; hashed and _0/_1 shards were refused as several splits)
+    for name, shards in (("hashed", ["data/train-00000-of-00002-a1b2c3d4e5f6", "data/train-00001-of-00002-0f9e8d7c6b5a"]),
+                         ("under", ["train_0", "train_1"]), ("dotted", ["train.00", "train.01"])):
+        for i, shard in enumerate(shards):
+            write(f"{name}/{shard}.jsonl", 1, f"part{i}_")
+        write(f"{name}/test.jsonl", 1, "test")
+        assert prompts(load_rows(tmp_path / name)) == ["part0_0=", "part1_0="], name
+    write("digits/train2.jsonl", 2, "train")
+    write("digits/test2.jsonl", 1, "test")
+    assert prompts(load_rows(tmp_path / "digits")) == ["train0=", "train1="]
+    assert prompts(load_rows(tmp_path / "digits", held_out=True)) == ["test0="]  # held-out data's default split
 
 
 def test_a_json_object_and_a_short_csv_row_are_refused_saying_what_they_are(tmp_path):

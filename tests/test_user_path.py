@@ -515,7 +515,7 @@ def test_a_column_named_like_a_built_in_rewards_option_is_refused_at_start_up(tm
 
 def test_gspo_eval_reads_the_dataset_it_is_given_with_data_eval_split(tmp_path, saved, monkeypatch):
     """It read DATA with data.split, so a DatasetDict given on the command line was evaluated on
-    its train split whatever data.eval_split said."""
+    its train split whatever data.eval_split said; unset, held-out data takes its test split."""
     import datasets
 
     rows = {split: [dict(r, tag=split) for r in plain_rows(4)] for split in ("train", "test")}
@@ -524,7 +524,7 @@ def test_gspo_eval_reads_the_dataset_it_is_given_with_data_eval_split(tmp_path, 
     cols = tmp_path / "cols.jsonl"
     monkeypatch.setenv("GSPO_TEST_COLUMNS", str(cols))
     reward = f'rewards.functions=[{{name: "{tmp_path / "rec.py"}:record"}}]'
-    for extra, tag in (([], "train"), (["data.eval_split=test"], "test")):
+    for extra, tag in (([], "test"), (["data.eval_split=train"], "train"), (["data.eval_split=test"], "test")):
         assert main(["eval", str(saved("qwen3")), str(tmp_path / "dd"), "--num-prompts", "2", reward, *extra]) == 0
         assert _columns_seen(cols)[-1]["tag"] == [tag, tag]
 

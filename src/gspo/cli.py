@@ -73,6 +73,8 @@ def cmd_eval(args) -> int:
     overrides = [f"model.name_or_path={args.model}", *named,
                  *(f"{k}={v}" for k, v in flags.items() if v is not None), *extra, *args.overrides]
     cfg = load_config(args.config, overrides)
+    if not cfg.data.eval_source and cfg.data.source not in TASKS:  # a config's dataset: its held-out split
+        cfg.data.eval_source = cfg.data.source
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg, train=False)

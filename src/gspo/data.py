@@ -137,7 +137,8 @@ def _read_parquet(path: Path) -> list[dict]:
 
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
-_SHARD = re.compile(r"[-_.]\d{5}[-_]of[-_]\d{5}$")  # train-00000-of-00002
+# shard numbering: train-00000-of-00002(-<hash>), train_0, train.00
+_SHARD = re.compile(r"(?:[-_.]\d+[-_]of[-_]\d+(?:[-_][0-9a-f]{6,})?|[-_.]\d+)$")
 _METADATA = {"dataset_info.json", "dataset_infos.json", "state.json", "dataset_dict.json"}
 
 
@@ -156,10 +157,15 @@ def _split_name(file: Path) -> str:
 
 
 def _words(text: str) -> list[str]:
-    return [w for w in re.split(r"[-._ ]+", text.lower()) if w]
+    """The words of a name, a split word's own digits dropped (train2 is train, as the hub reads it)."""
+    words = [w for w in re.split(r"[-._ ]+", text.lower()) if w]
+    return [m.group(1) if (m := re.fullmatch(rf"({'|'.join(SPLITS)})\d+", w)) else w for w in words]
 
 
-def _read_data_folder(path: Path, split: str | None, split_field: str) -> list[dict]:
+HELD_OUT = ("test", "validation", "valid", "dev", "eval")  # held-out data's default split, the first there is
+
+
+def _read_data_folder(path: Path, split: str | None, split_field: str, held_out: bool = False) -> list[dict]:
     """A folder of data files as the hub lays a dataset out: the files of `split` (default train),
     in name order, read as one dataset. A file belongs to split S when its name less shard
     numbering is S (data/train-00000-of-00002.parquet), when S is a word of that name
@@ -175,6 +181,9 @@ def _read_data_folder(path: Path, split: str | None, split_field: str) -> list[d
                         f"({', '.join(_READERS)})")
     names = {f: _split_name(f) for f in files}
     folders = {f: [w for part in f.relative_to(path).parts[:-1] for w in _words(part)] for f in files}
+    if split is None and held_out:  # held-out data: its test (or validation, ...) split where it has one
+        present = {w for f in files for w in _words(names[f]) + folders[f]}
+        split = next((s for s in HELD_OUT if s in present), None)
     want = (split or "train").lower()
     exact = [f for f in files if names[f].lower() == want or (want in folders[f] and not any(
         w in SPLITS for w in _words(names[f]) if w != want))]
@@ -201,14 +210,15 @@ def _read_data_folder(path: Path, split: str | None, split_field: str) -> list[d
     return [row for f in chosen for row in _READERS[_kind(f)](f)]
 
 
-def _read_saved_dataset(path: Path, split: str | None, split_field: str = "data.split") -> list[dict]:
+def _read_saved_dataset(path: Path, split: str | None, split_field: str = "data.split",
+                        held_out: bool = False) -> list[dict]:
     datasets = _import_optional("datasets", f"the saved dataset folder {path}")
     try:
         ds = datasets.load_from_disk(str(path))
     except FileNotFoundError as e:
         raise DataError(f"{path}: not a folder made by datasets' save_to_disk ({e})") from e
     if isinstance(ds, datasets.DatasetDict):
-        split = split or "train"
+        split = split or next((s for s in (HELD_OUT if held_out else ()) if s in ds), "train")
         if split not in ds:
             raise DataError(f"{path}: no split {split!r} ({split_field}); splits found: {', '.join(ds)}")
         ds = ds[split]
@@ -318,7 +328,7 @@ def _message(m: dict, where: str) -> dict:
 
 def load_rows(
     source: str | os.PathLike, *, prompt_column: str = DataConfig.prompt_column, split: str | None = None,
-    field: str = "data.source", split_field: str = "data.split",
+    field: str = "data.source", split_field: str = "data.split", held_out: bool = False,
 ) -> list[dict]:
     """Read a prompt dataset into a list of row dicts, with the prompt column named "prompt".
 
@@ -330,7 +340,8 @@ def load_rows(
     folder's split (default "train"); a single file or Dataset has none, and naming one is an
     error. Parquet and saved datasets need the optional extra `gspo[data]`. All columns other
     than the prompt column pass through unchanged. Rows of a JSONL file may have different keys.
-    `field` and `split_field` are the config fields errors name.
+    `field` and `split_field` are the config fields errors name. `held_out`: the rows are
+    held-out data, whose default split is the first of `HELD_OUT` the source has (else train).
     """
     path = Path(source)
     if not path.exists():
@@ -341,8 +352,8 @@ def load_rows(
         raise DataError(f"{field}: dataset path {str(path)!r} does not exist (a relative path is looked for in the "
                         f"working directory {os.getcwd()}, then beside the config file){hint}")
     if path.is_dir():
-        rows = (_read_saved_dataset(path, split, split_field) if _is_saved_dataset(path)
-                else _read_data_folder(path, split, split_field))
+        rows = (_read_saved_dataset(path, split, split_field, held_out) if _is_saved_dataset(path)
+                else _read_data_folder(path, split, split_field, held_out))
     elif _kind(path) in _READERS and not (path.name.lower().endswith(".gz") and _kind(path) == ".parquet"):
         if split is not None:
             raise DataError(f"{split_field}={split!r}: {path} is a single file with no splits; leave {split_field} "

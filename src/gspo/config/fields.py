@@ -98,7 +98,7 @@ class DataConfig:
     eval_source: Optional[str] = doc(None, "held-out prompts (same forms as source); default: a built-in task's own held-out "
                                      "split of eval.num_prompts prompts")
     eval_split: Optional[str] = doc(None, "split of data.eval_source when it is a DatasetDict or a hub-style folder "
-                                    "(default: train), e.g. test")
+                                    "(default: the first of test, validation, valid, dev, eval it has, else train)")
     max_prompt_tokens: int = doc(512, "prompts longer than this are dropped at start-up, with a logged count (fewer "
                                       "where a learned position table leaves less room beside the completion)")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded); false: file order, each epoch starting where "

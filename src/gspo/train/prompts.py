@@ -37,7 +37,8 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
     if d.eval_source:
         held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
                 if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split,
-                                                         field="data.eval_source", split_field="data.eval_split"))
+                                                         field="data.eval_source", split_field="data.eval_split",
+                                                         held_out=True))
         held = held[: cfg.eval.num_prompts]
     return train, held
 
