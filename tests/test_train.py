@@ -131,6 +131,12 @@ def test_help_lists_every_field(capsys):
     ("algo.aggregation=token-mean", "config field 'algo.aggregation'"),  # length weighting at sequence level
     ("algo.mismatch_correction=bogus", "config field 'algo.mismatch_correction'"),  # (both named 'algo' before)
     ("rewards.overlong_buffer=5", "config field 'rewards.overlong_buffer'"),  # with the penalty off: it did nothing
+    ("algo.sapo_tau_neg=2", "config field 'algo.sapo_tau_neg'"),  # (it named sapo_tau_pos)
+    ("rewards.functions=[exact_answer,5]", "'rewards.functions[1]' is a section (name, weight, kwargs, ...), not 5: "
+                                           "write it as {name: ...} in the list"),
+    ("rewards.functions=[{name: exact_answer, weight: yes}]", "'rewards.functions[0].weight': must be a number"),
+    ("rewards.functions=[{name:exact_answer,kwargs:{foo:1}}]", "is not valid YAML (a space after each ':'"),
+    ("rewards.functions=[{name:exact_answer}]", "(a space after the ':')"),
     ("nonsense.key=1", "nonsense"),
     ("rollout.group_size=abc", "rollout.group_size"),
     ("rewards.functions=[{name: code_tests}]", "rewards.allow_code_execution"),  # opt-in only
@@ -197,6 +203,7 @@ def test_a_list_field_given_one_item_takes_it_as_a_list_of_one_and_a_folder_is_n
     assert cfg.lora.target_modules == ["q_proj"] and [f.name for f in cfg.rewards.functions] == ["format"]
     assert cfg.rollout.tools == ["gspo.tool_tasks:calc"]
     # reward functions by bare name (the advice given for them was refused as setting a list by index)
+    assert load_config(None, ["rewards.functions=[{name: format, kwargs: null}]"]).rewards.functions[0].kwargs == {}
     cfg = load_config(None, ["rewards.functions=[exact_answer, {name: format, weight: 0.5}]"])
     assert [(f.name, f.weight) for f in cfg.rewards.functions] == [("exact_answer", 1.0), ("format", 0.5)]
     y = tmp_path / "one.yaml"

@@ -541,3 +541,19 @@ def test_evaluation_accuracy_is_over_the_prompts_that_got_a_reward(tmp_path, sav
                  f"rewards.functions=[{{name: '{tmp_path / 'some.py'}:some'}}]"]) == 0
     m = json.loads(capsys.readouterr().out)
     assert m["eval/accuracy"] == 1.0 and m["eval/missing_frac"] == 0.5 and m["eval/num_prompts"] == 4
+
+
+def test_gspo_eval_with_no_reward_at_all_prints_json_nulls_and_a_warning(tmp_path, saved, capsys):
+    """It printed bare NaN (not JSON: jq and strict parsers refuse it) and said nothing."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}+1=", "answer": ""} for i in range(2)])
+    (tmp_path / "none.py").write_text("def none(prompts, completions, **kw):\n    return [None] * len(completions)\n")
+    capsys.readouterr()
+    assert main(["eval", str(saved("qwen3")), str(data), "--num-prompts", "2",
+                 f"rewards.functions=[{{name: '{tmp_path / 'none.py'}:none'}}]"]) == 0
+    out = capsys.readouterr()
+
+    def refuse(constant):
+        raise AssertionError(f"not JSON: {constant}")
+
+    m = json.loads(out.out, parse_constant=refuse)
+    assert m["eval/accuracy"] is None and m["eval/missing_frac"] == 1.0 and "no prompt got a reward" in out.err

@@ -102,7 +102,10 @@ def cmd_eval(args) -> int:
             finally:
                 tools.runner.close()
     m["eval/num_prompts"] = len(rows)
-    print(json.dumps(m, indent=2))
+    if m.get("eval/missing_frac") == 1.0:
+        print("warning: no prompt got a reward (they returned None, or the data has no answers): accuracy and "
+              "reward are null", file=sys.stderr)
+    print(json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in m.items()}, indent=2))  # JSON: no NaN
     return 0
 
 

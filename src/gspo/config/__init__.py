@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for users)
@@ -49,9 +50,11 @@ def _shape(value, cls: type, prefix: str = ""):
     import typing
 
     if not isinstance(value, dict):
+        first = dataclasses.fields(cls)[0].name
+        example = (f"write it as {{{first}: ...}} in the list" if prefix.endswith("].") else
+                   f"set its fields, e.g. {prefix}{first}=...")
         raise ConfigError(f"config field '{prefix.rstrip('.') or 'the top level'}' is a section ("
-                          f"{', '.join(f.name for f in dataclasses.fields(cls)[:3])}, ...): set its fields, e.g. "
-                          f"{prefix}{dataclasses.fields(cls)[0].name}=...")
+                          f"{', '.join(f.name for f in dataclasses.fields(cls)[:3])}, ...), not {value!r}: {example}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     out = {}
@@ -62,6 +65,8 @@ def _shape(value, cls: type, prefix: str = ""):
             close = [n for n in every if n.rsplit(".", 1)[-1] == key][:1]  # the field of another section
             close = close or [prefix + c for c in difflib.get_close_matches(str(key), names, n=1)]
             close = close or difflib.get_close_matches(name, every, n=1)
+            if ":" in str(key):  # `{name:exact_answer}`: YAML reads one key without the space
+                close = [f"{prefix}{str(key).split(':', 1)[0]}: ... (a space after the ':')"]
             raise ConfigError(f"config field '{name}': unknown field" + (f" (did you mean '{close[0]}'?)"
                                                                           if close else ""))
         hint = hints[key]
@@ -82,10 +87,24 @@ def _shape(value, cls: type, prefix: str = ""):
                 named = "name" in {f.name for f in dataclasses.fields(item)}
                 v = [_shape({"name": x} if named and isinstance(x, str) else x, item, f"{name}[{i}].")
                      for i, x in enumerate(v)]  # (a bare name: `rewards.functions=[exact_answer, format]`)
-        elif (hint is dict or origin in (dict, typing.Dict)) and v is not None and not isinstance(v, dict):
-            raise ConfigError(f"config field '{name}': must be a mapping, e.g. {{key: value}}; got {v!r}")
+        elif hint is dict or origin in (dict, typing.Dict):
+            if v is None:  # `kwargs:` left empty in YAML
+                v = {}
+            elif not isinstance(v, dict):
+                raise ConfigError(f"config field '{name}': must be a mapping, e.g. {{key: value}}; got {v!r}")
+        elif hint in (int, float) and (isinstance(v, bool) or not _number(v)):
+            raise ConfigError(f"config field '{name}': must be a number, got {v!r}")
         out[key] = v
     return out
+
+
+def _number(v) -> bool:
+    """Whether OmegaConf can take `v` for a number field (YAML reads 1e-6 as text)."""
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -115,6 +134,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             # build a mapping where a list is (dotted), or fail on the type (bracketed)
             raise ConfigError(f"override '{o}': a list is set whole on the command line, e.g. "
                               f"'rewards.functions=[{{name: exact_answer}}]', not one item by its index")
+    for o in overrides:  # one that is not YAML: one error naming it (yaml's own traceback before)
+        try:
+            OmegaConf.from_dotlist([o])
+        except Exception as e:
+            hint = " (a space after each ':' in {key: value})" if re.search(r"\{[^}]*\w:\S", o) else ""
+            raise ConfigError(f"override '{o}' is not valid YAML{hint}: {str(e).splitlines()[0]}") from None
     try:
         if overrides:
             layers.append(OmegaConf.from_dotlist(list(overrides)))

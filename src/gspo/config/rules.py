@@ -148,7 +148,8 @@ def validate(cfg: Config) -> None:
            f"'{a.level}' is not {' | '.join(levels)}" if len(levels) > 1 else
            f"objective={a.objective} is defined at level={levels[0]} (its paper's ratio), not level={a.level}")
     defaults = (AlgoConfig.sapo_tau_pos, AlgoConfig.sapo_tau_neg)
-    _check(a.objective == "sapo" or (a.sapo_tau_pos, a.sapo_tau_neg) == defaults, "algo.sapo_tau_pos",
+    _check(a.objective == "sapo" or (a.sapo_tau_pos, a.sapo_tau_neg) == defaults,
+           "algo.sapo_tau_pos" if a.sapo_tau_pos != defaults[0] else "algo.sapo_tau_neg",
            f"algo.sapo_tau_pos / sapo_tau_neg are SAPO's gate temperatures, not used by objective={a.objective}: "
            f"leave them unset, or set algo.objective=sapo")
     if a.objective == "sapo":
