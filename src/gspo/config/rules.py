@@ -200,7 +200,8 @@ def validate(cfg: Config) -> None:
 
         names = cfg.logging.report_to = [n for n in TRACKER_NAMES if importlib.util.find_spec(n)]
     unknown = [n for n in names if n not in TRACKER_NAMES]
-    _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(unknown)}: choose from {' | '.join(TRACKER_NAMES)}")
+    _check(not unknown, "logging.report_to", f"unknown tracker {', '.join(map(str, unknown))}: choose from "
+           f"{' | '.join(TRACKER_NAMES)}, or none, or all (each alone)")
     _check(len(set(names)) == len(names), "logging.report_to", "names a tracker twice")
     _check(bool(cfg.logging.project), "logging.project", "must not be empty")
     c = cfg.checkpoint
