@@ -12,6 +12,7 @@ forwards is in the rollout's plan (`gspo.train.plan`).
 from __future__ import annotations
 
 import math
+import os
 import signal as signals
 import sys
 import time
@@ -403,7 +404,11 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     if async_job.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
         from gspo.train.async_generator import serve
 
-        serve(cfg)
+        try:
+            serve(cfg)
+        except (RuntimeError, ConnectionError) as e:  # the learners are gone (they say why): one line, no traceback
+            raise async_job.GeneratorError(f"generator rank {os.environ.get('RANK')}: the learners are gone "
+                                           f"({str(e).splitlines()[0][:160]})") from e
         return cfg.run_dir
     run = run or build_run(cfg)
     d, run_dir, total = run.dist, cfg.run_dir, cfg.schedule.rollouts

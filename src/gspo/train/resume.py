@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -96,6 +97,8 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
     if restart and str(cfg.resume).strip().lower() != "auto":
         raise ConfigError(f"config field 'output.name': run directory {run_dir} already holds a run; "
                           f"continue it with resume=auto, or choose another output.name")
+    if resume_from is not None:
+        check_layout(resume_from, cfg, d)
     changed = changed_settings(resume_from, cfg) if resume_from is not None else []
     shape = [c for c in changed if c.startswith(SHAPE) and not c.startswith(SHAPE_FREE)]
     if shape:  # the checkpoint's weights would not fit the model built from these settings
@@ -113,6 +116,25 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
                   file=sys.stderr)
         d.barrier()
     return resume_from
+
+
+def check_layout(path: Path, cfg: Config, d: Dist) -> None:
+    """The checkpoint's learner processes against this job's, before any model loads: a sharded
+    (FSDP2) checkpoint is read by as many FSDP2 learners as wrote it, a whole one by a job
+    without FSDP2 (one process, or DDP). It was found only once the models had loaded (and
+    under torchrun the generator ranks then printed gloo's tracebacks)."""
+    manifest = ckpt.verify_checkpoint(path, checksums=False)
+    saved = len([f for f in manifest["files"] if re.fullmatch(r"rng(-rank\d+)?\.json", Path(f).name)]) or 1
+    sharded = bool(manifest.get("sharded", False))
+    now_sharded = d.enabled and cfg.distributed.strategy == "fsdp"
+    if sharded == now_sharded and (not sharded or saved == d.world_size):
+        return
+    was = f"{saved} FSDP2 learner processes" if sharded else "a job without FSDP2 (whole weights)"
+    now = f"{d.world_size} FSDP2 learner processes" if now_sharded else (
+        f"{d.world_size} {cfg.distributed.strategy} learner processes" if d.enabled else "one learner process")
+    raise ConfigError(f"config field 'resume': checkpoint {path} was written by {was}, and this job has {now}; "
+                      f"resume it with the layout that wrote it (torchrun --nproc-per-node, rollout.generators, "
+                      f"distributed.strategy)")
 
 
 def base_weights_fingerprint(cfg: Config, model) -> str:
