@@ -49,7 +49,7 @@ def cmd_eval(args) -> int:
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.prompts import check_answer_column, check_option_columns, fitting_prompts, load_prompt_rows, prompt_cap
+    from gspo.train.prompts import check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap
     from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs
     from gspo.rollout import chunk_seed
     from gspo.tasks import TASKS
@@ -79,8 +79,7 @@ def cmd_eval(args) -> int:
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg, train=False)
     rows = held or rows
-    check_answer_column(cfg, rows, held=bool(held))
-    check_option_columns(cfg, rows, held=bool(held))
+    check_reward_columns(cfg, rows, held=bool(held))
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
     schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])

@@ -148,9 +148,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(_friendly(e)) from None
-    for section in (cfg.model, cfg.rollout):  # YAML reads a bare `no` as false: the setting means "no"
-        if section.mixed_precision == "False":
-            section.mixed_precision = "no"
     anchor_paths(cfg, Path(path).resolve().parent if path is not None else None)
     fill_clip(cfg)
     validate(cfg)
@@ -161,8 +158,9 @@ def anchor_paths(cfg: Config, config_dir: Path | None) -> None:
     """Every path of `cfg` that names something on disk made absolute, found from the working
     directory or, failing that, beside the config file (`config_dir`; None: no file): the
     model, the data, the reward functions, the tools, the environment and a tool parser given
-    by import path; and output.dir, from the working directory. The run's own config.yaml then means the same from anywhere (`gspo eval
-    --config RUN/config.yaml`, a resume started from another directory)."""
+    by import path; and output.dir, from the working directory. The run's own config.yaml then
+    means the same from anywhere (`gspo eval --config RUN/config.yaml`, a resume started from
+    another directory)."""
     m, d, r = cfg.model, cfg.data, cfg.rollout
     # (the runs' folder is the working directory's, as before, but written down whole: a resume
     # started from elsewhere with RUN/config.yaml finds its run)

@@ -212,11 +212,12 @@ class RouteTracker:
         finally:
             for h in handles:
                 h.remove()
-        for module, out in seen.values():
+        for i, (module, out) in seen.items():
             read = _as_topk(module, out, self.k)
             if read is not None:
                 logits, scores, idx, dense = read
                 _check_rule(module, logits, idx, scores, dense, replay=replay, aux=aux)
+                self._checked.update([i] * replay + [("aux", i)] * aux)  # (the update pass need not check again)
 
     def _state(self) -> tuple:
         return self._mode, self._replay, self._slot, self._whole
@@ -369,8 +370,8 @@ class RouteTracker:
                     _check_rule(module, logits, idx, scores, dense, replay=False, aux=True)
                     self._checked.add(("aux", layer))
                 self._add_aux(logits, idx, mask, fan)
-            if self.routes is None:  # (no π_old routes to record or compare: the load balancing only)
-                return None
+            if self.routes is None or (self._recompute and not self._replay):  # (a recomputation records and
+                return None  # counts nothing: only replay changes what it computes)
             r_idx, c_idx, flat_mask = self._coords(rows, off, mask)
             # the tokens the routes stand for: those run, or, for a prompt run once for its
             # group, the same prompt tokens of every row of the group (identical routes)

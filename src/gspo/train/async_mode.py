@@ -57,6 +57,7 @@ from gspo.config import Config
 from gspo.data import format_prompt
 from gspo.rollout import Rollout, chunk_seed
 from gspo.train.async_job import GeneratorError, Job, _try, _weights_backend, close_job
+from gspo.train.checkpoint import latest_checkpoint
 from gspo.train.async_wire import (CMD_TAG, ERROR, EVAL, EVAL_RESULT, GENERATE, ROLLOUT_TAG, STOP, WEIGHTS, _frame,
                                    decode_rollout, local_part, recv_message, weight_tensors)
 
@@ -307,9 +308,9 @@ class AsyncRollouts:
                                  f"({out[0]}); {self._note()}")
 
     def _note(self) -> str:
-        ck = self.cfg.run_dir / "checkpoints"
-        if (ck / "latest").is_file():
-            return f"the run stopped; its last checkpoint in {ck} is intact: resume with resume=auto"
+        if latest_checkpoint(self.cfg.run_dir):
+            return (f"the run stopped; its last checkpoint in {self.cfg.run_dir / 'checkpoints'} is intact: resume "
+                    f"with resume=auto")
         return "the run stopped before its first checkpoint: resume=auto starts it over"
 
     # evaluation

@@ -319,6 +319,11 @@ def _read_latest(root: Path) -> str | None:
     return name if _STEP_RE.match(name) else None
 
 
+def latest_checkpoint(run_dir) -> str | None:
+    """The name of a run's newest whole checkpoint (what `latest` names); None before its first."""
+    return _read_latest(Path(run_dir) / CHECKPOINTS)
+
+
 def verify_checkpoint(path, *, checksums: bool = True) -> dict:
     """Check ``path`` against its manifest (sizes, and sha256 if ``checksums``); return the manifest.
 

@@ -356,6 +356,12 @@ def peer_lost(err: BaseException) -> bool:
                                    "Connection refused", "NCCL communicator was aborted", "remote process exited"))
 
 
+def kept_note(saved: str | None) -> str:
+    """What a run stopped early keeps, given its newest checkpoint's name (`latest_checkpoint`)."""
+    return (f"its checkpoint {saved} is intact: resume=auto continues from it" if saved else
+            "it had no checkpoint yet: resume=auto starts it over")
+
+
 class Interrupted(KeyboardInterrupt):
     """A second SIGINT / SIGTERM: the run stops at once, without saving the rollout in progress."""
 
@@ -370,10 +376,6 @@ class _StopRequest:
         self.say = say
         self.run_dir = run_dir
 
-    def _saved(self) -> str | None:
-        """The run's newest whole checkpoint, by name (None: it has none yet)."""
-        latest = self.run_dir / "checkpoints" / "latest" if self.run_dir is not None else None
-        return latest.read_text().strip() or None if latest is not None and latest.is_file() else None
 
     def __enter__(self):
         for s in (signals.SIGTERM, signals.SIGINT):
@@ -384,10 +386,9 @@ class _StopRequest:
         return self
 
     def _handle(self, signum, frame):
-        saved = self._saved()
+        saved = checkpoint.latest_checkpoint(self.run_dir) if self.run_dir is not None else None
         if self.signum is not None:  # second signal: stop now
-            raise Interrupted(f"its checkpoint {saved} is intact: resume=auto continues from it" if saved else
-                              "it had no checkpoint yet: resume=auto starts it over")
+            raise Interrupted(kept_note(saved))
         self.signum = signum
         if self.say:
             lose = f"the work since checkpoint {saved}" if saved else "all of the run's work (it has no checkpoint yet)"
@@ -492,11 +493,9 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     except RuntimeError as e:
         if not (d.enabled and peer_lost(e)) or isinstance(e, TrainingError):
             raise
-        ck = run_dir / "checkpoints"
-        kept = (f"its last checkpoint in {ck} is intact: resume with resume=auto" if (ck / "latest").is_file()
-                else "it had no checkpoint yet: resume=auto starts it over")
         raise TrainingError(f"another process of the job is gone (rank {d.rank} of {d.world_size} lost its "
-                            f"connection: {str(e).splitlines()[0][:160]}); {kept}") from e
+                            f"connection: {str(e).splitlines()[0][:160]}); "
+                            f"{kept_note(checkpoint.latest_checkpoint(run_dir))}") from e
     finally:
         console.close()
         if sinks:

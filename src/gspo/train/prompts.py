@@ -1,5 +1,5 @@
 """A run's prompt rows, from its config: loaded (`load_prompt_rows`), checked against what the
-rewards and one rollout need (`check_answer_column`, `enough_rows`), and cut to the prompts that
+rewards and one rollout need (`check_reward_columns`, `enough_rows`), and cut to the prompts that
 fit data.max_prompt_tokens (`fitting_prompts`). Training (`gspo.train.run.build_run`) and
 `gspo eval` take their rows through here.
 """
@@ -134,6 +134,14 @@ def say_prefills(cfg: Config, rows: list[dict], held: bool = False, say: bool = 
 
 
 ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
+
+
+def check_reward_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:
+    """What the reward functions read of the rows, checked before the model loads: the answers
+    an answer reward compares with (`check_answer_column`), and no column named like a
+    built-in's option (`check_option_columns`). `held`: the rows are the held-out ones."""
+    check_answer_column(cfg, rows, held)
+    check_option_columns(cfg, rows, held)
 
 
 def check_option_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:

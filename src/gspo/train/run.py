@@ -23,8 +23,8 @@ from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import needs_reference, records_routes, runs_model_code
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
 from gspo.train.distributed import Dist
-from gspo.train.prompts import (check_answer_column, check_option_columns, enough_rows, fitting_prompts,
-                                load_prompt_rows, prompt_cap, rows_source, say_held_out)
+from gspo.train.prompts import (check_reward_columns, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
+                                rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
 from gspo.models import (base_model, half_precision_warnings, load_policy, position_limit, resolve_device,
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
@@ -322,11 +322,9 @@ def build_run(cfg: Config) -> Run:
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     enough_rows(cfg, len(rows))
-    check_answer_column(cfg, rows)
-    check_option_columns(cfg, rows)
+    check_reward_columns(cfg, rows)
     if cfg.eval.enabled:
-        check_answer_column(cfg, eval_rows, held=True)
-        check_option_columns(cfg, eval_rows, held=True)
+        check_reward_columns(cfg, eval_rows, held=True)
     resume_from = resume_point(cfg, d)                                   # checkpoint
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
