@@ -335,10 +335,10 @@ def test_a_first_signal_is_acknowledged_and_a_second_stops_at_once_without_a_tra
     """The first Ctrl-C said nothing, so users pressed again, and the second raised a bare
     KeyboardInterrupt (a traceback, and the rollout in progress lost without a word)."""
     from gspo import cli
-    from gspo.train.loop import Interrupted, _StopRequest
+    from gspo.train.stops import Interrupted, StopRequest
 
     run = tmp_path / "run"
-    with _StopRequest(say=True, run_dir=run) as stop:
+    with StopRequest(say=True, run_dir=run) as stop:
         stop._handle(signal.SIGINT, None)
         assert stop.signum == signal.SIGINT
         with pytest.raises(Interrupted, match="it had no checkpoint yet: resume=auto starts it over") as stopped:
@@ -346,7 +346,7 @@ def test_a_first_signal_is_acknowledged_and_a_second_stops_at_once_without_a_tra
     assert "loses all of the run's work (it has no checkpoint yet)" in capsys.readouterr().err
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "latest").write_text("step-4\n")
-    with _StopRequest(say=True, run_dir=run) as stop:
+    with StopRequest(say=True, run_dir=run) as stop:
         stop._handle(signal.SIGINT, None)
         with pytest.raises(Interrupted, match="its checkpoint step-4 is intact"):
             stop._handle(signal.SIGINT, None)

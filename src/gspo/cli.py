@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     from gspo.rewards import RewardError
     from gspo.train import TrainingError
     from gspo.train.async_job import GeneratorError
-    from gspo.train.loop import Interrupted
+    from gspo.train.stops import Interrupted
     from gspo.rollout.tool_calls import ToolParserError
 
     parser = build_parser()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal as signals
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ import torch
 
 from gspo import algo
 from gspo.train import async_job, checkpoint, run_state
+from gspo.train.stops import Interrupted, StopRequest, kept_note, peer_lost  # noqa: F401  (Interrupted: the CLI's)
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
 from gspo.config import Config, objective_args, to_yaml
@@ -348,58 +347,6 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
 # ---------------------------------------------------------------- the loop
 
 
-def peer_lost(err: BaseException) -> bool:
-    """Whether a collective failed because another process of the job died (gloo's and NCCL's
-    words for a closed connection), not because of this process's own error."""
-    text = str(err)
-    return any(w in text for w in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                                   "Connection refused", "NCCL communicator was aborted", "remote process exited"))
-
-
-def kept_note(saved: str | None) -> str:
-    """What a run stopped early keeps, given its newest checkpoint's name (`latest_checkpoint`)."""
-    return (f"its checkpoint {saved} is intact: resume=auto continues from it" if saved else
-            "it had no checkpoint yet: resume=auto starts it over")
-
-
-class Interrupted(KeyboardInterrupt):
-    """A second SIGINT / SIGTERM: the run stops at once, without saving the rollout in progress."""
-
-
-class _StopRequest:
-    """SIGTERM / SIGINT set a flag, and say so; the loop checkpoints after the current rollout and
-    exits. A second signal stops the run at once (`Interrupted`)."""
-
-    def __init__(self, say: bool = True, run_dir: Path | None = None):
-        self.signum = None
-        self._old = {}
-        self.say = say
-        self.run_dir = run_dir
-
-
-    def __enter__(self):
-        for s in (signals.SIGTERM, signals.SIGINT):
-            try:
-                self._old[s] = signals.signal(s, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        saved = checkpoint.latest_checkpoint(self.run_dir) if self.run_dir is not None else None
-        if self.signum is not None:  # second signal: stop now
-            raise Interrupted(kept_note(saved))
-        self.signum = signum
-        if self.say:
-            lose = f"the work since checkpoint {saved}" if saved else "all of the run's work (it has no checkpoint yet)"
-            print(f"\ngspo: stopping after the rollout in progress, then saving a checkpoint to resume from "
-                  f"(resume=auto); a second Ctrl-C stops at once and loses {lose}", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signals.signal(s, h)
-
-
 def train(cfg: Config, *, run: Run | None = None) -> Path:
     """Run GSPO as configured; returns the run directory (with `final/` in HF format)."""
     if async_job.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
@@ -447,7 +394,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
     try:
         if run.remote is not None:
             run.remote.begin(state.rollout, inflight)  # the generators start on what the schedule needs
-        with _StopRequest(say=d.is_main, run_dir=run_dir) as stop:
+        with StopRequest(say=d.is_main, run_dir=run_dir) as stop:
             if state.rollout == 0 and cfg.eval.enabled:
                 start = evaluate_run(run, 0)  # the starting point
                 if sinks:
