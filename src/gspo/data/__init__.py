@@ -53,6 +53,12 @@ def reward_view(prompt, completion: str):
     return list(prompt[:-1]), [{"role": "assistant", "content": start + completion}]
 
 
+def reward_views(prompts: Sequence, completions: Sequence[str]) -> tuple[list, list]:
+    """`reward_view` of each (prompt, completion text): the two lists reward functions get."""
+    views = [reward_view(p, c) for p, c in zip(prompts, completions)]
+    return [v[0] for v in views], [v[1] for v in views]
+
+
 def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | None = None) -> str:
     """The text the policy is conditioned on.
 

@@ -12,7 +12,7 @@ import math
 import torch
 
 from gspo.config import EvalConfig
-from gspo.data import encode_texts, format_prompt, reward_view
+from gspo.data import encode_texts, format_prompt, reward_views
 from gspo.models import eos_token_ids, generation_mode
 from gspo.rewards import reward_columns
 from gspo.rollout import chunk_seed, left_pad
@@ -45,9 +45,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> torch.Tensor:
-    """Rewards of completion texts, `repeat` a row, in TRL's shapes for each row's prompt (`reward_view`)."""
+    """Rewards of completion texts, `repeat` a row, in TRL's shapes for each row's prompt (`reward_views`)."""
     prompts = [r["prompt"] for r in rows for _ in range(repeat)]
-    prompts, completions = map(list, zip(*map(reward_view, prompts, texts))) if texts else ([], [])
+    prompts, completions = reward_views(prompts, texts)
     res = runner.score(prompts, completions, reward_columns(rows, repeat))
     first = next(iter(res.per_function))
     return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32)

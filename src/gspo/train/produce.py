@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gspo import algo
-from gspo.data import format_prompt, reward_view
+from gspo.data import format_prompt, reward_views
 from gspo.rewards import reward_columns
 from gspo.rewards.runner import RewardResult
 from gspo.rewards.shaping import length_limit, overlong_buffer, overlong_penalty
@@ -103,7 +103,7 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
     if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
         completions = [list(t) for t in rollout.turns]
     else:  # TRL's shapes (conversational for chat prompts), so users' functions work unchanged
-        prompts, completions = map(list, zip(*map(reward_view, prompts, rollout.completions)))
+        prompts, completions = reward_views(prompts, rollout.completions)
     columns = reward_columns(batch, G)
     if rollout.env_reward is not None:  # what the episodes' environments reported
         columns["env_reward"] = list(rollout.env_reward)
