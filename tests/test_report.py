@@ -255,3 +255,17 @@ def test_completion_rows_are_strict_json_with_a_missing_reward_inside_them(tmp_p
     got = _json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert got == {"step": 1, "reward": None, "advantage": 0.5, "rewards": {"fn": None, "other": 1.0},
                    "turns": [{"score": None}]}
+
+
+def test_console_prints_prompts_and_messages_as_text_not_markup(capsys):
+    """A Llama-2 / Mistral prompt holds '[/INST]'; read as rich markup it was a closing tag with no
+    opening one (a MarkupError that ended the run), and '[bold]' vanished from the table."""
+    from gspo.report.sinks import Console
+
+    c = Console(total=2)
+    c.table("rollout 1", [{"prompt": "<s>[INST] 2+2? [/INST]", "completion": "[bold]4[/bold]", "reward": 1.0,
+                           "advantage": 0.5}])
+    c.print("data.source /tmp/[/x]/rows.jsonl")
+    c.close()
+    err = capsys.readouterr().err
+    assert "[/INST]" in err and "[bold]4[/bold]" in err and "/tmp/[/x]/rows.jsonl" in err

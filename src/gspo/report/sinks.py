@@ -132,8 +132,8 @@ class Console:
         self._progress.update(self._task, completed=completed, info="  ".join(parts))
 
     def print(self, *args: Any) -> None:
-        if self.enabled:
-            self.console.print(*args)
+        if self.enabled:  # plain text: a path or a prompt may hold '[/INST]', which rich reads as markup
+            self.console.print(*args, markup=False, highlight=False)
         else:
             print(*args)
 
@@ -141,12 +141,14 @@ class Console:
         if not self.enabled:
             return
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(title=title, show_lines=False)
         for col in ("prompt", "completion", "reward", "advantage"):
             t.add_column(col, overflow="fold", max_width=48 if col in ("prompt", "completion") else 10)
         for r in rows:
-            t.add_row(str(r["prompt"])[-120:], str(r["completion"])[:200], f"{r['reward']:.3g}"
+            # Text, not str: rich reads '[/INST]' in a Llama-2 or Mistral prompt as a closing tag
+            t.add_row(Text(str(r["prompt"])[-120:]), Text(str(r["completion"])[:200]), f"{r['reward']:.3g}"
                       if r["reward"] is not None else "-", f"{r['advantage']:+.2f}")
         self.console.print(t)
 
