@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from gspo.cli import main
+from gspo.train.checkpoint import find_resume_checkpoint
 from zygote import gspo, gspo_popen
 
 TESTS = Path(__file__).parent
@@ -391,3 +392,28 @@ def test_a_lost_process_of_the_job_is_one_stop_message_naming_what_is_kept(tmp_p
     monkeypatch.setattr(loop, "produce_or_save", lost)
     with pytest.raises(loop.TrainingError, match=r"another process of the job is gone .*it had no checkpoint yet"):
         loop.train(cfg, run=run)
+
+
+def test_a_logging_fault_after_an_update_keeps_that_update(tmp_path, straight, monkeypatch, capsys):
+    """A tracker or the console that fails after rollout 2's update (rich's MarkupError did, on a
+    Llama-2 prompt) no longer loses the rollouts since the last checkpoint: the state after the
+    update is saved before the error goes on, and resume=auto trains on to the straight run."""
+    import gspo.train.loop as loop
+
+    real = loop.log_step
+
+    def failing(run, sinks, console, state, *a, **kw):
+        if state.rollout == 2:
+            raise ValueError("the tracker's server went away")
+        return real(run, sinks, console, state, *a, **kw)
+
+    monkeypatch.setattr(loop, "log_step", failing)
+    monkeypatch.syspath_prepend(str(TESTS))
+    rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0"])
+    assert rc != 0 and "went away" in capsys.readouterr().err
+    ck = find_resume_checkpoint(tmp_path / "run")
+    assert json.loads((ck / "trainer_state.json").read_text())["rollout"] == 2
+    monkeypatch.setattr(loop, "log_step", real)
+    gspo_train(tmp_path, "run", "checkpoint.every=0", "resume=auto")
+    (ma, _), (mb, _) = final_state(straight), final_state(tmp_path / "run")
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)

@@ -414,8 +414,13 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                     state.prompts = run.prompts.state_dict()
                 due = cfg.eval.every and state.rollout % cfg.eval.every == 0
                 eval_metrics = evaluate_run(run, state.rollout) if cfg.eval.enabled and (due or state.rollout == total) else {}
-                log_step(run, sinks, console, state, scored, steps,             # 3. log
-                         {**info, "time/step": time.perf_counter() - t_step}, eval_metrics)
+                try:
+                    log_step(run, sinks, console, state, scored, steps,         # 3. log
+                             {**info, "time/step": time.perf_counter() - t_step}, eval_metrics)
+                except Exception:  # a tracker or the console failed after the update: keep it
+                    if not d.enabled:  # (one process alone: a save is collective under torchrun)
+                        run_state.save_run(run, state)
+                    raise
                 stop_now = any_process(stop.signum or 0, d.all_reduce)
                 if state.bad_steps >= cfg.checkpoint.max_bad_steps:             # 4. checkpoint
                     run_state.save_run(run, state)
