@@ -375,3 +375,16 @@ def test_a_bfloat16_checkpoint_comes_back_in_bfloat16_unless_asked_otherwise(sav
         torch.testing.assert_close(auto[k], t.to(torch.bfloat16), rtol=0, atol=0, msg=k)
     model = AutoModelForCausalLM.from_pretrained(runs["auto"] / "final")
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_evaluation_drops_a_stop_token_the_tokenizer_keeps_as_text_as_training_does(saved):
+    """Phi-3's early `<|end|>` was an added token not marked special, listed as an EOS in
+    generation_config: training's rewards never saw it, evaluation's got '...<|end|>'. Here the
+    stop token is an ordinary character the model writes first, so every completion is empty."""
+    model, tok = load_policy(saved("qwen3"), device="cpu")
+    prompts = ["12+7=", "3+3="]
+    with torch.no_grad():
+        first = [int(model(tok(p, return_tensors="pt")["input_ids"]).logits[0, -1].argmax()) for p in prompts]
+    assert not set(first) & set(tok.all_special_ids)  # plain text: skip_special_tokens keeps it
+    model.generation_config.eos_token_id = [*eos_token_ids(model, tok), *first]
+    assert greedy_completions(model, tok, prompts, max_new_tokens=4) == ["", ""]

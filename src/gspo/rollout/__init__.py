@@ -217,7 +217,7 @@ class Generator(Protocol):
         ...
 
 
-def _completion_mask(completion_ids: torch.Tensor, eos_ids: torch.Tensor, produced: torch.Tensor | None = None):
+def completion_mask(completion_ids: torch.Tensor, eos_ids: torch.Tensor, produced: torch.Tensor | None = None):
     """(mask, has_eos): mask is 1 on tokens up to and including the first EOS. (B, T) long, (B,).
     `produced` (B, T) bool marks the columns the sampler really produced (rows of different
     lengths): the rest never counts, even when the pad id is an EOS id."""
@@ -256,6 +256,15 @@ def encode_prompts(tokenizer, prompts: Sequence[str], group_size: int) -> list[l
     return [ids for ids in encoded for _ in range(group_size)]
 
 
+def decode_completions(tokenizer, completion_ids: torch.Tensor, keep: torch.Tensor, eos: torch.Tensor) -> list[str]:
+    """The text rewards see of (N, T) completion ids: the `keep` (N, T) bool tokens, less every
+    EOS id (`eos`, 1-D; a stop token the tokenizer does not mark special, as Phi-3's `<|end|>`,
+    included) and the tokenizer's special tokens. Training and evaluation decode alike."""
+    text = keep & ~torch.isin(completion_ids, eos.to(completion_ids.device))  # (N, T)
+    return [tokenizer.decode(completion_ids[i][text[i]].tolist(), skip_special_tokens=True)
+            for i in range(completion_ids.shape[0])]
+
+
 def assemble_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                      sampler_logp: torch.Tensor, produced: torch.Tensor, *, eos_token_ids: Sequence[int],
                      pad_token_id: int, tokenizer, prompts: Sequence[str], group_size: int) -> Rollout:
@@ -264,13 +273,11 @@ def assemble_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, comple
     the first EOS; later tokens become padding with log-prob 0; finish_reason is "eos" when an
     EOS was drawn, else "length"; completions are decoded without EOS and special tokens."""
     eos = torch.tensor(list(eos_token_ids), device=completion_ids.device)
-    mask, has_eos = _completion_mask(completion_ids, eos, produced.to(completion_ids.device))
+    mask, has_eos = completion_mask(completion_ids, eos, produced.to(completion_ids.device))
     keep = mask.bool()
     completion_ids = torch.where(keep, completion_ids, pad_token_id)
     sampler_logp = torch.where(keep, sampler_logp.float(), 0.0)
-    text = keep & ~torch.isin(completion_ids, eos)
-    completions = [tokenizer.decode(completion_ids[i][text[i]].tolist(), skip_special_tokens=True)
-                   for i in range(completion_ids.shape[0])]
+    completions = decode_completions(tokenizer, completion_ids, keep, eos)
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,

@@ -15,7 +15,7 @@ from gspo.config import EvalConfig
 from gspo.data import encode_texts, format_prompt, reward_views
 from gspo.models import eos_token_ids, generation_mode
 from gspo.rewards import reward_columns
-from gspo.rollout import chunk_seed, left_pad
+from gspo.rollout import chunk_seed, completion_mask, decode_completions, left_pad
 
 
 @torch.no_grad()
@@ -27,13 +27,16 @@ def greedy_completions(model, tokenizer, prompts: list[str], *, max_new_tokens: 
     dev = next(model.parameters()).device
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    eos_t = torch.tensor(eos, device=dev)
     out = []
     with generation_mode(model):
         for i in range(0, len(prompts), batch_size):
             ids, mask = left_pad(encode_texts(tokenizer, prompts[i:i + batch_size]), pad, dev)
             gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                  max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
-            out.extend(tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True))
+            comp = gen[:, ids.shape[1]:]  # (B, T): up to and including the first EOS, then padding
+            keep = completion_mask(comp, eos_t)[0].bool()
+            out.extend(decode_completions(tokenizer, comp, keep, eos_t))
     return out
 
 
