@@ -437,3 +437,25 @@ def test_the_code_execution_opt_in_reaches_code_tests_by_either_name():
     for name in ("code_tests", "gspo.rewards.sandbox:code_tests_reward"):
         cfg = load_config(None, [f"rewards.functions=[{{name: '{name}'}}]", "rewards.allow_code_execution=true"])
         assert reward_specs(cfg)[0].kwargs["allow_code_execution"] is True
+
+
+def test_the_code_tests_reward_under_a_users_name_takes_the_opt_in(tmp_path, monkeypatch, capsys):
+    """docs/code_execution.md's `functools.partial(code_tests_reward, executor=...)`, and the dotted
+    path: with rewards.allow_code_execution=true they get the opt-in as the built-in name does
+    (they stopped at the first rollout with CodeExecutionDisabled); without it, refused at start-up."""
+    (tmp_path / "my_code.py").write_text(
+        "import functools\nfrom gspo.rewards.sandbox import CodeResult, code_tests_reward\n"
+        "def fake(code, cases, limits):\n    return CodeResult(score=float(len(code) % 2), reason='ok')\n"
+        "code_tests_remote = functools.partial(code_tests_reward, executor=fake)\n")
+    rows = [{"prompt": f"{i}+1=", "tests": ["assert True"]} for i in range(8)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    common = ["data.source=rows.jsonl", "data.num_prompts=8", "eval.enabled=false", "schedule.rollouts=1"]
+    for name in ["my_code:code_tests_remote", "gspo.rewards.sandbox.code_tests_reward"]:
+        rc, _ = run(tmp_path, *common, f"rewards.functions=[{name}]", name="refused")
+        err = capsys.readouterr().err
+        assert rc == 2 and "rewards.allow_code_execution" in err, err[-2000:]
+    rc, run_dir = run(tmp_path, *common, "rewards.functions=[my_code:code_tests_remote]",
+                      "rewards.allow_code_execution=true", name="allowed")
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    assert records(run_dir)[-1]["reward/missing"] == 0

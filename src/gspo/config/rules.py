@@ -14,7 +14,8 @@ from gspo.config.fields import OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, AlgoCo
 def runs_model_code(reward_name: str) -> bool:
     """The code_tests reward, by its built-in name or its import path: it runs model-written code,
     so it needs rewards.allow_code_execution."""
-    return reward_name.replace(" ", "") in ("code_tests", "gspo.rewards.sandbox:code_tests_reward")
+    return reward_name.replace(" ", "") in ("code_tests", "gspo.rewards.sandbox:code_tests_reward",
+                                            "gspo.rewards.sandbox.code_tests_reward")
 
 # ---------------------------------------------------------------- validation
 

@@ -7,6 +7,7 @@ column, a requested checkpoint exists.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -65,7 +66,35 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
         if f.name.startswith(("model:", "judge:")):  # a reward model sits beside the policy unless told otherwise
             kwargs.setdefault("device", cfg.model.device)
         specs.append(RewardSpec(name=f.name, weight=f.weight, kwargs=kwargs))
+        opt_in_code_tests(cfg, len(specs) - 1, specs[-1])
     return specs
+
+
+def opt_in_code_tests(cfg: Config, i: int, spec: RewardSpec) -> None:
+    """The code_tests reward under another name (`functools.partial(code_tests_reward,
+    executor=...)`, docs/code_execution.md, or its dotted path) runs model-written code as well:
+    it needs rewards.allow_code_execution, and gets it, as the built-in name does. (A name that
+    does not resolve is left to `validate_specs`, which says why.)"""
+    from gspo.rewards import resolve_reward
+    from gspo.rewards.sandbox import code_tests_reward
+
+    if spec.name.startswith(("model:", "judge:")):
+        return
+    try:
+        fn = resolve_reward(spec.name)
+    except Exception:  # noqa: BLE001 (validate_specs reports it)
+        return
+    bound = {}
+    while isinstance(fn, functools.partial):
+        bound = {**fn.keywords, **bound}
+        fn = fn.func
+    if fn is not code_tests_reward or "allow_code_execution" in {**bound, **spec.kwargs}:
+        return
+    if not cfg.rewards.allow_code_execution:
+        raise ConfigError(f"config field 'rewards.allow_code_execution': rewards.functions[{i}] ('{spec.name}') is "
+                          "the code_tests reward, which runs model-written code: set rewards.allow_code_execution=true "
+                          "to allow it")
+    spec.kwargs["allow_code_execution"] = True
 
 
 def build_policy(cfg: Config, device: torch.device | None = None):
