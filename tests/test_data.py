@@ -124,6 +124,12 @@ def test_a_runs_held_out_rows_come_from_data_eval_split_of_a_dataset_dict(tmp_pa
     assert train == rows[:4] and held == rows[4:]
     assert load_prompt_rows(load_config(None, base))[1] == rows[4:]  # unset: held-out data's default, its test split
     assert load_prompt_rows(load_config(None, [*base, "data.eval_split=train"]))[1] == rows[:4]
+    # data.eval_source unset: the source's own test split is held out, as `gspo eval --config` reads it
+    assert load_prompt_rows(load_config(None, base[:1])) == (rows[:4], rows[4:])
+    single = tmp_path / "rows.jsonl"
+    write_jsonl(single, rows)
+    assert load_prompt_rows(load_config(None, [f"data.source={single}"])) == (rows, [])  # a file holds none out
+    assert load_prompt_rows(load_config(None, [*base[:1], "data.split=test"])) == (rows[4:], [])
 
 
 def test_missing_file_names_path(tmp_path):
@@ -175,6 +181,8 @@ def test_a_hub_style_folder_is_read_by_split(tmp_path):
     (flat / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
     (flat / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[3:]))
     assert load_rows(flat) == rows
+    from gspo.data.files import held_out_split
+    assert held_out_split(hub) == "test" and held_out_split(flat) is None  # what a run holds out by default
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="neither a datasets save_to_disk folder nor holds data files"):
         load_rows(tmp_path / "empty")

@@ -459,3 +459,22 @@ def test_the_code_tests_reward_under_a_users_name_takes_the_opt_in(tmp_path, mon
                       "rewards.allow_code_execution=true", name="allowed")
     assert rc == 0, capsys.readouterr().err[-2000:]
     assert records(run_dir)[-1]["reward/missing"] == 0
+
+
+def test_the_demo_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
+    """`gspo demo --out DIR` replaced DIR whenever it held a metrics.jsonl: a user's run there was
+    deleted, exit 0. Now only a folder with the demo's mark (or an earlier demo's summary) is
+    replaced, and output.dir / output.name, which --out sets, are refused before any work."""
+    user = tmp_path / "my-run"
+    user.mkdir()
+    (user / "metrics.jsonl").write_text('{"step": 1}\n')
+    (user / "notes.txt").write_text("keep me")
+    assert main(["demo", "--quick", "--out", str(user)]) == 2
+    assert "no demo wrote it" in capsys.readouterr().err and (user / "notes.txt").exists()
+    assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "output.name=foo"]) == 2
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "d").exists() and not Path("foo").exists()
+    old = tmp_path / "old-demo"
+    old.mkdir()
+    (old / "summary.json").write_text('{"accuracy_before_rl": 0.3}')
+    from gspo.demo import _old_demo
+    assert _old_demo(old) and not _old_demo(user)

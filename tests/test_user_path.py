@@ -529,6 +529,16 @@ def test_gspo_eval_reads_the_dataset_it_is_given_with_data_eval_split(tmp_path, 
         assert _columns_seen(cols)[-1]["tag"] == [tag, tag]
 
 
+def test_gspo_eval_with_a_runs_config_says_when_it_evaluates_on_the_training_rows(tmp_path, saved, capsys):
+    """A run on one file has no held-out data; `gspo eval FINAL --config RUN/config.yaml` used that
+    file's rows as "held-out" ones without a word."""
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)])
+    (tmp_path / "run.yaml").write_text(f"model: {{name_or_path: {saved('qwen3')}}}\ndata: {{source: {data}}}\n")
+    capsys.readouterr()
+    assert main(["eval", str(saved("qwen3")), "--config", str(tmp_path / "run.yaml"), "--num-prompts", "2"]) == 0
+    assert "holds out no split, so this evaluates on the rows training reads" in capsys.readouterr().err
+
+
 def test_evaluation_accuracy_is_over_the_prompts_that_got_a_reward(tmp_path, saved, capsys):
     """A prompt without an answer has no reward: it counted as wrong, capping accuracy at the
     share of prompts that had one."""

@@ -45,6 +45,7 @@ def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
     from gspo.config import ConfigError, load_config
+    from gspo.data.files import held_out_split
     from gspo.rollout.episodes import episode_schemas
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
@@ -75,6 +76,10 @@ def cmd_eval(args) -> int:
     cfg = load_config(args.config, overrides)
     if not cfg.data.eval_source and cfg.data.source not in TASKS:  # a config's dataset: its held-out split
         cfg.data.eval_source = cfg.data.source
+        if not held_out_split(cfg.data.source):
+            print(f"warning: data.source {cfg.data.source} holds out no split, so this evaluates on the rows "
+                  "training reads; name held-out data as gspo eval's DATA argument (or data.eval_source)",
+                  file=sys.stderr)
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg, train=False)

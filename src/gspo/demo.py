@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from gspo.config import load_config
+from gspo.config import ConfigError, load_config
 from gspo.data import encode_texts
 from gspo.train.prompts import load_prompt_rows
 from gspo.train.run import build_run, seed_everything
@@ -35,6 +35,7 @@ DEMO_OVERRIDES = [
 ]
 QUICK_OVERRIDES = ["schedule.rollouts=3", "rollout.prompts_per_step=8", "eval.num_prompts=32", "eval.every=0",
                    "data.num_prompts=400", "logging.table_every=0"]
+DEMO_MARK = ".gspo-demo"  # in the demo's folder: the demo may replace it (a folder without it, never)
 WARMUP = {"steps": 300, "batch_size": 64, "lr": 1e-3}
 QUICK_WARMUP = {"steps": 10, "batch_size": 32, "lr": 3e-3}
 
@@ -75,12 +76,29 @@ def supervised_step(model, opt, seqs: list[list[int]], labels: list[list[int]], 
     return loss.item()
 
 
+def _old_demo(out: Path) -> bool:
+    """A folder an earlier gspo demo wrote, before the mark: its summary names the demo's figures."""
+    try:
+        return "accuracy_before_rl" in json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str, ...] = (),
              quick: bool = False, warmup_steps: int | None = None) -> dict:
     t_start = time.time()
     out = Path(out_dir)
-    if (out / "summary.json").exists() or (out / "metrics.jsonl").exists():
+    placed = [o for o in overrides if o.split("=", 1)[0].strip() in ("output.dir", "output.name")]
+    if placed:
+        raise ConfigError(f"config field '{placed[0].split('=', 1)[0].strip()}': the demo's run directory is "
+                          f"--out (here {out}); give --out DIR instead")
+    if out.exists() and any(out.iterdir()):
+        if not ((out / DEMO_MARK).exists() or _old_demo(out)):
+            raise ConfigError(f"--out {out}: the folder is not empty and no demo wrote it (it has no {DEMO_MARK}); "
+                              "the demo starts afresh in its folder, so give it a new or empty one")
         shutil.rmtree(out)  # the demo's own directory: start afresh each time
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARK).write_text("written by gspo demo, which replaces this folder each time it runs\n")
     base = DEMO_OVERRIDES + (QUICK_OVERRIDES if quick else [])
     cfg = load_config(None, [*base, f"output.dir={out.parent}", f"output.name={out.name}", *overrides])
     setup_threads(cfg.threads)

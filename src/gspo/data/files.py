@@ -157,6 +157,34 @@ def _words(text: str) -> list[str]:
 HELD_OUT = ("test", "validation", "valid", "dev", "eval")  # held-out data's default split, the first there is
 
 
+def _data_files(path: Path) -> list[Path]:
+    return sorted(f for f in path.rglob("*") if f.is_file() and _kind(f) in _READERS and f.name not in _METADATA
+                  and not any(part.startswith(".") for part in f.relative_to(path).parts))
+
+
+def _first_held_out(files: list[Path], path: Path) -> str | None:
+    """The first split of `HELD_OUT` that a folder's file names (or folders) name, if any."""
+    present = {w for f in files for w in _words(_split_name(f))
+               + [w for part in f.relative_to(path).parts[:-1] for w in _words(part)]}
+    return next((s for s in HELD_OUT if s in present), None)
+
+
+def held_out_split(source: str | Path) -> str | None:
+    """The split a source holds out (its test, else validation, ... split: `HELD_OUT`), read as
+    held-out data by default; None for a single file, a single dataset, a built-in task name, or
+    a folder without one."""
+    path = Path(source)
+    if not path.is_dir():
+        return None
+    if _is_saved_dataset(path):
+        try:  # a DatasetDict's splits, as save_to_disk lists them (a Dataset has none)
+            names = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError):
+            names = []
+        return next((s for s in HELD_OUT if s in names), None)
+    return _first_held_out(_data_files(path), path)
+
+
 def _read_data_folder(path: Path, split: str | None, split_field: str, held_out: bool = False) -> list[dict]:
     """A folder of data files as the hub lays a dataset out: the files of `split` (default train),
     in name order, read as one dataset. A file belongs to split S when its name less shard
@@ -166,16 +194,14 @@ def _read_data_folder(path: Path, split: str | None, split_field: str, held_out:
     name, and refused as ambiguous when S matches several. A folder whose files name no split is
     one dataset, read whole when no split is asked for; one that holds several datasets in
     subfolders (configs) is refused."""
-    files = sorted(f for f in path.rglob("*") if f.is_file() and _kind(f) in _READERS and f.name not in _METADATA
-                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    files = _data_files(path)
     if not files:
         raise DataError(f"{path}: a folder that is neither a datasets save_to_disk folder nor holds data files "
                         f"({', '.join(_READERS)})")
     names = {f: _split_name(f) for f in files}
     folders = {f: [w for part in f.relative_to(path).parts[:-1] for w in _words(part)] for f in files}
     if split is None and held_out:  # held-out data: its test (or validation, ...) split where it has one
-        present = {w for f in files for w in _words(names[f]) + folders[f]}
-        split = next((s for s in HELD_OUT if s in present), None)
+        split = _first_held_out(files, path)
     want = (split or "train").lower()
     exact = [f for f in files if names[f].lower() == want or (want in folders[f] and not any(
         w in SPLITS for w in _words(names[f]) if w != want))]

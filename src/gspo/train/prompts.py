@@ -10,6 +10,7 @@ import sys
 
 from gspo.config import Config, ConfigError
 from gspo.data import DataError, filter_long_prompts, load_rows, prefill
+from gspo.data.files import held_out_split
 from gspo.rewards.shaping import length_limit
 from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
 
@@ -18,8 +19,9 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
     """Training and held-out rows. A built-in task's held-out split has up to eval.num_prompts
     rows whose prompts training never sees (fewer where the task runs out of them: `say_held_out`
     tells), or fresh draws for a task whose prompts are all alike (`SAME_PROMPT_TASKS`).
-    `train=False` with a data.eval_source (`gspo eval`): the held-out rows alone, the training
-    source not even read."""
+    A dataset folder's held-out split (its test split, else validation, ...: `held_out_split`)
+    is the held-out data unless data.eval_source names other. `train=False` with a
+    data.eval_source (`gspo eval`): the held-out rows alone, the training source not even read."""
     d = cfg.data
     if not train and d.eval_source:
         train = []
@@ -34,6 +36,10 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
     else:
         train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)  # (field: data.source)
         held = []
+        split = held_out_split(d.source)  # a folder's own test split, as `gspo eval --config` reads it
+        if not d.eval_source and split and split != (d.split or "train"):
+            held = load_rows(d.source, prompt_column=d.prompt_column, split=split, field="data.source",
+                             held_out=True)[: cfg.eval.num_prompts]
     if d.eval_source:
         held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
                 if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split,
