@@ -137,7 +137,7 @@ def test_make_report(runs, tmp_path):
         assert bad not in page
     # summary table: one column per run, key metrics present
     assert "<th>run-a</th>" in page and "<th>run-b</th>" in page
-    for label in ("steps logged", "final reward mean", "best eval accuracy", "mean token clip fraction"):
+    for label in ("optimizer steps logged", "final reward mean", "best eval accuracy", "mean token clip fraction"):
         assert label in page
     assert "0.5 (step 300)" in page and "0.5 (step 200)" in page  # best eval accuracy per run
     assert page.count("Q50.") == 4 * 2 and "Q40.1" in page and "Q40.2" not in page  # 6 per run, newest first
@@ -269,3 +269,20 @@ def test_console_prints_prompts_and_messages_as_text_not_markup(capsys):
     c.close()
     err = capsys.readouterr().err
     assert "[/INST]" in err and "[bold]4[/bold]" in err and "/tmp/[/x]/rows.jsonl" in err
+
+
+def test_the_summary_shows_pass_at_k_and_times_each_rollout_once(tmp_path):
+    """The summary looked up a literal 'eval/pass@k' (the key is eval/pass@K), summed time/step
+    over every optimizer step's line (a rollout's time, written on each of its num_minibatches
+    lines), and counted the step-0 evaluation as a step."""
+    d = tmp_path / "run"
+    d.mkdir()
+    lines = [{"step": 0, "rollout": 0, "eval/accuracy": 0.25, "eval/pass@4": 0.5}]
+    for s in range(1, 9):  # 2 rollouts of 4 minibatches, 1.5 s each
+        lines.append({"step": s, "rollout": (s - 1) // 4 + 1, "time/step": 1.5, "reward/mean": 0.1})
+    lines.append({"step": 8, "rollout": 2, "eval/accuracy": 0.5, "eval/pass@4": 0.75})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    run = load_run(d)
+    assert report._duration(run) == "0:00:03" and report._pass_at_k(run) == "0.75 (pass@4)"
+    page = make_report([d], tmp_path / "out").read_text()
+    assert "0.75 (pass@4)" in page and 'steps logged</th><td class="n">8</td>' in page

@@ -144,7 +144,7 @@ class Panel:
 PANELS: tuple[Panel, ...] = (
     Panel("reward", "Reward (mean)", (("reward/mean", "mean"),)),
     Panel("reward_fns", "Reward per function (mean)", pattern=r"^reward/(.+)/mean$"),
-    Panel("accuracy", "Eval accuracy", (("eval/accuracy", "accuracy"),), markers=True),
+    Panel("accuracy", "Eval accuracy and pass@k", pattern=r"^eval/(accuracy|pass@\d+)$", markers=True),
     Panel("clip_token", "Token clip fraction", (("clip/token_frac", "all"),
           ("clip/token_frac_low", "low"), ("clip/token_frac_high", "high"))),
     Panel("clip_seq", "Sequence clip fraction", (("clip/seq_frac", "seq"),)),
@@ -284,18 +284,26 @@ def _best_acc(r: Run) -> str:
 
 
 def _duration(r: Run) -> str:
-    s = int(sum(r.values("time/step")))
-    return "—" if not r.values("time/step") else f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    """The rollouts' time: `time/step` is a rollout's, written on each of its optimizer steps' lines."""
+    per_rollout = {m.get("rollout", m.get("step")): v for m in r.metrics if (v := _num(m.get("time/step"))) is not None}
+    s = int(sum(per_rollout.values()))
+    return "—" if not per_rollout else f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _pass_at_k(r: Run) -> str | None:
+    """The last eval/pass@K value (K is the run's eval.pass_k), labelled with its K."""
+    keys = sorted(k for k in r.keys() if re.fullmatch(r"eval/pass@\d+", k))
+    return f"{_fmt(_last(r.values(keys[-1])))} ({keys[-1][5:]})" if keys and r.values(keys[-1]) else None
 
 
 _SUMMARY: tuple[tuple[str, Callable[[Run], Any]], ...] = (
-    ("steps logged", lambda r: len(r.metrics)),
+    ("optimizer steps logged", lambda r: len({m["step"] for m in r.metrics if (_num(m.get("step")) or 0) > 0})),
     ("last step", lambda r: r.metrics[-1]["step"] if r.metrics else None),
     ("final reward mean", lambda r: _last(r.values("reward/mean"))),
     ("reward mean, last 10% of steps", lambda r: _tail_mean(r.values("reward/mean"))),
     ("best eval accuracy", _best_acc),
     ("final eval accuracy", lambda r: _last(r.values("eval/accuracy"))),
-    ("final eval pass@k", lambda r: _last(r.values("eval/pass@k"))),
+    ("final eval pass@k", _pass_at_k),
     ("mean token clip fraction", lambda r: _mean(r.values("clip/token_frac"))),
     ("mean sequence clip fraction", lambda r: _mean(r.values("clip/seq_frac"))),
     ("min / max sequence ratio", lambda r: " / ".join(
