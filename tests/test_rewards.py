@@ -215,6 +215,81 @@ def test_a_sigterm_to_the_process_group_leaves_the_reward_workers_to_the_parent(
         assert set(again.per_function["worker_pid"]) == pids and again.stats["reward/errors"] == 0
 
 
+def _pool_reward(c):
+    return float(len(c))
+
+
+def pool_reward(prompts, completions, **kwargs):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        first = pool.map(_pool_reward, completions)
+    with ProcessPoolExecutor(2) as ex:
+        return [a + b for a, b in zip(first, ex.map(_pool_reward, completions))]
+
+
+def test_a_reward_function_may_start_a_process_pool():
+    """Pool and ProcessPoolExecutor start children of the worker: a daemonic worker may have none."""
+    with RewardRunner([pool_reward], num_workers=1) as r:
+        assert r.score(["p"] * 2, ["ab", "c"]).rewards.tolist() == [4.0, 2.0]
+
+
+def child_stop_signals(prompts, completions, **kwargs):
+    import signal
+    import subprocess
+
+    out = subprocess.run(["grep", "SigIgn", "/proc/self/status"], capture_output=True, text=True, check=True).stdout
+    ignored = int(out.split()[1], 16)  # bit n - 1 for signal n
+    return [float(not ignored & (1 << signal.SIGINT - 1 | 1 << signal.SIGTERM - 1))] * len(completions)
+
+
+def starts_a_sleeper(prompts, completions, pid_file, **kwargs):
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    with open(pid_file, "w") as f:
+        f.write(str(child.pid))
+    child.wait()
+    return [1.0] * len(completions)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie is dead (init may not reap it)
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_processes_a_function_starts_stay_stoppable_and_die_with_a_timed_out_worker(tmp_path):
+    """The worker drops SIGINT/SIGTERM, but what its functions start must not inherit that; and a
+    worker killed at its deadline takes its process group (the function's children) with it."""
+    with RewardRunner([child_stop_signals], num_workers=1) as r:
+        assert r.score(["p"], ["c"]).rewards.tolist() == [1.0]
+    pid_file = tmp_path / "pid"
+    spec = RewardSpec(starts_a_sleeper, kwargs={"pid_file": str(pid_file)})
+    with RewardRunner([spec], timeout_s=1.0, on_error="skip", num_workers=1) as r:
+        assert r.score(["p"], ["c"]).stats["reward/timeouts"] == 1
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 5
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(pid)
+
+
+def test_an_unclosed_runner_does_not_hold_up_interpreter_exit():
+    import subprocess
+    import sys
+
+    code = ("from gspo.rewards.runner import RewardRunner\n"
+            "def f(prompts, completions, **kw): return [1.0] * len(completions)\n"
+            "r = RewardRunner([f], num_workers=2); print(r.score(['p'], ['c']).rewards.tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[1.0]", out.stderr
+
+
 def test_missing_values_make_nan_unless_weight_zero():
     specs = [RewardSpec(answer_or_none), RewardSpec(length_reward)]
     with RewardRunner(specs) as r:

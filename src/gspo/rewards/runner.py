@@ -133,17 +133,17 @@ def _run_scorer(scorer: ModelScorer, name: str, batch, stop_at_first: bool, dead
 
 
 def _worker_main(conn, functions, parent_pid: int) -> None:
-    # Ctrl-C, and torchrun's or a scheduler's SIGTERM, go to the whole process group: the parent
-    # decides what happens to workers (it stops after the rollout, which still needs its
-    # rewards); a worker ends when told, when SIGKILLed, or when its parent is gone.
-    ignore_stop_signals()
+    # Ctrl-C, and torchrun's or a scheduler's SIGTERM, must not stop a worker: the parent decides
+    # (it stops after the rollout, which still needs its rewards); a worker ends when told, when
+    # SIGKILLed with its process group, or when its parent is gone.
+    detach_from_stop_signals()
     conn.send("ready")
     batch = ([], [], {})
     while True:
         # Poll with a timeout so an orphaned worker (parent SIGKILLed) exits by itself.
         if not conn.poll(1.0):
             if os.getppid() != parent_pid:
-                return
+                os.killpg(0, signal.SIGKILL)  # with whatever the functions left running
             continue
         try:
             msg = conn.recv()
@@ -199,8 +199,35 @@ def ignore_stop_signals() -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def kill_worker(proc, conn) -> None:
-    """SIGKILL a worker process (a hung one cannot be asked) and close its pipe."""
+def _no_op(signum, frame) -> None:
+    pass
+
+
+def _default_stop_signals() -> None:
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def detach_from_stop_signals() -> None:
+    """In a reward worker: its own process group, so that a terminal's Ctrl-C or a SIGTERM to the
+    job's group does not reach it or what its functions start, and one killpg ends them all.
+    SIGINT and SIGTERM sent to it directly (systemd and Slurm signal every process) are caught
+    and dropped; unlike SIG_IGN, a handler is not inherited across exec, and forked children
+    (multiprocessing pools) get the default back, so they stay stoppable."""
+    os.setpgrp()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _no_op)
+    os.register_at_fork(after_in_child=_default_stop_signals)
+
+
+def kill_worker(proc, conn, group: bool = False) -> None:
+    """SIGKILL a worker process (a hung one cannot be asked) and close its pipe; with `group`,
+    its whole process group (`detach_from_stop_signals`): the processes its functions started."""
+    if group:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # gone, or never made its group
+            pass
     if proc.is_alive():
         os.kill(proc.pid, signal.SIGKILL)
     proc.join()
@@ -218,7 +245,9 @@ class RewardRunner:
     The batch is split into `num_workers` contiguous chunks, one per long-lived worker; each
     function runs on every chunk with a deadline of `timeout_s` per call (the per-sample
     re-runs that locate a failing sample count toward the same deadline). A worker past its
-    deadline is SIGKILLed and replaced, and that call counts as failed for its whole chunk.
+    deadline is SIGKILLed with its process group (what its function started) and replaced, and
+    that call counts as failed for its whole chunk. Workers are not daemonic, so a function may
+    start a multiprocessing Pool; close() (also at exit) stops them.
     Workers are forked on Linux (so functions from __main__ or test modules work) and spawned
     elsewhere (functions must then pickle); `num_workers=0` runs in-process without deadlines,
     for debugging.
@@ -259,9 +288,13 @@ class RewardRunner:
         self._ctx = mp.get_context(start_method or _default_start_method())
         self._workers: list[Any] = [None] * num_workers  # (process, connection) pairs
         self._closed, self._call_id = False, 0
-        for w in range(num_workers):
-            self._start_worker(w)
-        _LIVE_RUNNERS.add(self)
+        _LIVE_RUNNERS.add(self)  # before any worker starts: a non-daemon one must never outlive us
+        try:
+            for w in range(num_workers):
+                self._start_worker(w)
+        except BaseException:
+            self.close()
+            raise
 
     # -- worker management -----------------------------------------------------------------
 
@@ -269,7 +302,7 @@ class RewardRunner:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_worker_main, args=(child_conn, self._worker_functions, os.getpid()),
-            name=f"gspo-reward-{w}", daemon=True,
+            name=f"gspo-reward-{w}", daemon=False,  # a function may start a Pool; close() stops it
         )
         with warnings.catch_warnings():  # Python >= 3.12 warns about forking with threads
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -293,7 +326,7 @@ class RewardRunner:
         raise RewardError(f"RewardRunner: reward worker {w} did not start (exit code {proc.exitcode})")
 
     def _kill_worker(self, w: int) -> None:
-        kill_worker(*self._workers[w])
+        kill_worker(*self._workers[w], group=True)
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
