@@ -69,15 +69,16 @@ def _check_source(name_or_path: str) -> None:
                                  f"...): save the tokenizer beside the model (tokenizer.save_pretrained on the same "
                                  f"folder)")
             return
+        if (d / "adapter_config.json").is_file():
+            return  # a LoRA adapter (a TRL/Trainer checkpoint-N too): `load_policy` loads its base, merges it in
         if (d / "checkpoints").is_dir() or (d / "metrics.jsonl").is_file():
-            where = (f"its model is {d / 'final'}" if (d / "final" / "config.json").is_file() else
+            final = any((d / "final" / f).is_file() for f in ("config.json", "adapter_config.json"))
+            where = (f"its model is {d / 'final'}" if final else
                      "it has no final/ yet: finish the run (resume=auto), which writes final/")
             raise ModelError(f"model path {name_or_path!r} is a gspo run directory, not a model folder; {where}")
         if (d / "trainer_state.json").is_file() or (d / "COMPLETE").is_file():
             raise ModelError(f"model path {name_or_path!r} is a gspo training checkpoint, not a model folder; the "
                              f"model of a run is its final/ (a stopped run writes it when resumed to its end)")
-        if (d / "adapter_config.json").is_file():
-            return  # a LoRA adapter: `load_policy` loads its base and merges it in
         raise ModelError(f"model path {name_or_path!r} has no config.json: not a model folder "
                          f"(save_pretrained writes one)")
     if os.path.exists(name_or_path):
@@ -195,11 +196,14 @@ def as_brought(tokenizer, model):
 
 
 def _load_adapter(path: str, **load):
-    """A LoRA adapter folder (a run's final/ with lora.merge_final=false, or final/adapter): the
-    base model its adapter_config.json names (base_model_name_or_path), loaded as `load_policy`
-    loads any model, with the adapter merged in; the tokenizer is the adapter folder's where it
-    has one (gspo writes it there), else the base's."""
-    base = json.loads(Path(path, "adapter_config.json").read_text()).get("base_model_name_or_path")
+    """A LoRA adapter folder (a run's final/ with lora.merge_final=false, or final/adapter, or a
+    user's PEFT adapter): the base model its adapter_config.json names (base_model_name_or_path),
+    loaded as `load_policy` loads any model (an adapter folder too), with the adapter merged in
+    and every weight trainable; the tokenizer is the adapter folder's where it has one (gspo
+    writes it there), else the base's. An adapter that cannot be merged (prompt tuning) or does
+    not fit its base's shapes is one `ModelError`."""
+    config = json.loads(Path(path, "adapter_config.json").read_text())
+    base = config.get("base_model_name_or_path")
     if not base:
         raise ModelError(f"model path {path!r} is a LoRA adapter whose adapter_config.json names no base model "
                          f"(base_model_name_or_path; a run of the built-in tiny model has none): train with "
@@ -209,12 +213,23 @@ def _load_adapter(path: str, **load):
     except ImportError:
         raise ModelError(f"model path {path!r} is a LoRA adapter: loading it onto its base needs peft "
                          f"(pip install 'gspo[lora]')") from None
+    _check_mergeable(path, config.get("peft_type"))
     try:
         model, tokenizer = load_policy(base, **load)
     except ModelError as e:
         raise ModelError(f"model path {path!r} is a LoRA adapter on the base model {base!r}, which did not "
                          f"load: {e}") from None
-    model = peft.PeftModel.from_pretrained(model, path).merge_and_unload()
+    try:
+        model = peft.PeftModel.from_pretrained(model, path).merge_and_unload()
+    except RuntimeError as e:  # torch's "size mismatch for ...": the adapter was trained on another model
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e)[:300])
+        raise ModelError(f"model path {path!r} is a LoRA adapter that does not fit the base model its "
+                         f"adapter_config.json names ({base!r}): {first}; set base_model_name_or_path to the "
+                         f"model it was trained on") from None
+    model.requires_grad_(True)  # peft froze the base; a full fine-tuning run trains it (LoRA freezes it again)
+    # the model is base + this adapter: a LoRA run on it names this folder as its adapters' base
+    # (peft records `name_or_path`), which loads recursively, not the bare base
+    model.name_or_path = model.config._name_or_path = path
     if any(Path(path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         from transformers import AutoTokenizer
 
@@ -222,6 +237,18 @@ def _load_adapter(path: str, **load):
                                      model, path)
     model.eval()
     return model, tokenizer
+
+
+def _check_mergeable(path: str, peft_type: str | None) -> None:
+    """Refuse a PEFT adapter that cannot be merged into its base's weights (prompt tuning, prefix
+    tuning, P-tuning: virtual tokens, not a weight update): gspo trains and samples plain models."""
+    from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
+
+    tuner = PEFT_TYPE_TO_TUNER_MAPPING.get(str(peft_type or "LORA").upper())
+    if tuner is None or not hasattr(tuner, "merge_and_unload"):
+        raise ModelError(f"model path {path!r} is a PEFT adapter of type {peft_type} (adapter_config.json's "
+                         f"peft_type), which cannot be merged into its base's weights; gspo loads adapters that "
+                         f"can (LoRA, DoRA, IA3, ...): merge it elsewhere, or start from its base model")
 
 
 def set_trainer_mode(model, *, dropout: bool) -> None:

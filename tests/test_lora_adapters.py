@@ -1,0 +1,132 @@
+"""PEFT adapter folders as users bring them (their own, a TRL checkpoint-N, a run's final/adapter)
+as `model.name_or_path`, and what `lora.*` may adapt: each loads as the model it stands for, or is
+one error naming the folder or the config field."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import peft
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import artifacts
+from gspo.config import ConfigError, load_config
+from gspo.models import ModelError, load_policy
+from gspo.train.run import build_policy
+
+X = torch.tensor([[1, 50, 60, 70, 80, 90, 100]])
+
+
+def user_adapter(base, out, *, seed: int = 1, **lora):
+    """A user's LoRA adapter on `base`, trained elsewhere (random nonzero B), no tokenizer saved."""
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_pretrained(base)
+    p = peft.get_peft_model(m, peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
+                                                  "task_type": "CAUSAL_LM", **lora}))
+    with torch.no_grad():
+        for n, w in p.named_parameters():
+            if "lora_B" in n:
+                w.normal_(0, 0.3)
+    p.save_pretrained(out)
+    return out
+
+
+def logp(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=X).logits.log_softmax(-1)
+
+
+def policy(*overrides: str):
+    return build_policy(load_config(None, ["model.device=cpu", *overrides]), torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return artifacts.save_model(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture(scope="module")
+def adapter(llama, tmp_path_factory):
+    return user_adapter(llama, tmp_path_factory.mktemp("adapter") / "user")
+
+
+# ----------------------------------------------------------------------------- an adapter folder as the model
+
+
+def test_full_fine_tuning_from_an_adapter_folder_trains_every_weight(adapter):
+    # peft's merge leaves the base frozen: the first backward found nothing to differentiate
+    model, _ = policy(f"model.name_or_path={adapter}", "lora.enabled=false")
+    assert all(p.requires_grad for p in model.parameters())
+    model(input_ids=X).logits.sum().backward()
+    assert model.get_submodule("model.layers.0.self_attn.q_proj").weight.grad is not None
+
+
+def test_lora_on_an_adapter_folder_names_it_as_the_new_adapters_base(adapter, tmp_path):
+    """The new adapters were trained on base + the user's adapter: their adapter_config.json names
+    the adapter folder (loaded recursively), so loaded the documented way they are the trained
+    model, not new adapters on the bare base."""
+    model, _ = policy(f"model.name_or_path={adapter}", "lora.enabled=true", "lora.r=4")
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for n, w in model.named_parameters():
+            if "lora_B" in n:
+                w.normal_(0, 0.3)
+    model.save_pretrained(tmp_path / "new")
+    assert json.loads((tmp_path / "new" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(adapter)
+    trained = logp(model)
+    got, _ = load_policy(tmp_path / "new", device="cpu")
+    assert (logp(got) - trained).abs().max().item() < 1e-5
+    # (the user's adapter did move the base: the bare base is another model)
+    bare, _ = load_policy(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"],
+                          device="cpu")
+    assert (logp(bare) - logp(load_policy(adapter, device="cpu")[0])).abs().max().item() > 1e-3
+
+
+def test_an_adapter_that_cannot_be_merged_is_one_error(llama, tmp_path):
+    m = AutoModelForCausalLM.from_pretrained(llama)
+    peft.get_peft_model(m, peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)).save_pretrained(
+        tmp_path / "prompt")
+    with pytest.raises(ModelError, match=r"PEFT adapter of type PROMPT_TUNING .*cannot be merged"):
+        load_policy(tmp_path / "prompt", device="cpu")
+    # IA3 and DoRA merge: they load as before
+    m = AutoModelForCausalLM.from_pretrained(llama)
+    peft.get_peft_model(m, peft.IA3Config(task_type="CAUSAL_LM", target_modules=["k_proj", "v_proj", "down_proj"],
+                                          feedforward_modules=["down_proj"])).save_pretrained(tmp_path / "ia3")
+    user_adapter(llama, tmp_path / "dora", use_dora=True)
+    for kind in ("ia3", "dora"):
+        model, _ = load_policy(tmp_path / kind, device="cpu")
+        assert torch.isfinite(logp(model)).all()
+
+
+def test_an_adapter_on_a_base_of_other_shapes_is_one_error(llama, adapter, tmp_path):
+    other = artifacts.save_model(tmp_path / "llama64", "llama", hidden_size=64)
+    shutil.copytree(adapter, tmp_path / "ad")
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (tmp_path / "ad" / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": str(other)}))
+    with pytest.raises(ModelError, match=re.escape(f"{str(tmp_path / 'ad')!r} is a LoRA adapter that does not fit "
+                                                   f"the base model its adapter_config.json names ({str(other)!r})")):
+        load_policy(tmp_path / "ad", device="cpu")
+
+
+def test_a_trainer_peft_checkpoint_loads_as_an_adapter(adapter, tmp_path):
+    """HF Trainer / TRL write output_dir/checkpoint-N: the adapter files beside trainer_state.json."""
+    ckpt = tmp_path / "trl_out" / "checkpoint-500"
+    shutil.copytree(adapter, ckpt)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 500, "log_history": []}))
+    (ckpt / "training_args.bin").write_bytes(b"")
+    got, _ = load_policy(ckpt, device="cpu")
+    want, _ = load_policy(adapter, device="cpu")
+    assert torch.equal(logp(got), logp(want))
+
+
+def test_a_run_directory_whose_final_is_adapters_names_it(adapter, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(adapter, run / "final")  # lora.merge_final=false: final/ is the adapters alone
+    with pytest.raises(ModelError, match=re.escape(f"is a gspo run directory, not a model folder; its model is "
+                                                   f"{run / 'final'}")):
+        load_policy(run, device="cpu")
