@@ -478,3 +478,14 @@ def test_the_demo_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
     (old / "summary.json").write_text('{"accuracy_before_rl": 0.3}')
     from gspo.demo import _old_demo
     assert _old_demo(old) and not _old_demo(user)
+
+
+def test_entropy_is_logged_on_every_step_null_where_no_row_ran(tmp_path):
+    """README: entropy/mean is logged every step. On a step where every advantage is 0 no row
+    runs, and the key was absent (clip/* were null); under torchrun the ranks' metric keys then
+    differed in the all-reduce."""
+    (tmp_path / "flat.py").write_text("def flat(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    rc, run_dir = run(tmp_path, f"rewards.functions=[{tmp_path / 'flat.py'}:flat]", "eval.enabled=false")
+    assert rc == 0
+    steps = [r for r in records(run_dir) if r.get("step", 0) > 0]
+    assert steps and all("entropy/mean" in r and r["entropy/mean"] is None for r in steps)

@@ -288,6 +288,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         sums.update(mismatch_over_parts(gaps))
     if run.routes is not None:
         sums.update(run.routes.take_metrics(per_layer=cfg.logging.routing_per_layer, captured=fill))
+    if with_entropy:  # logged every step: null where no row ran (every advantage 0), as clip/* are
+        sums.setdefault("entropy/mean", math.nan)
     metrics = reduce_minibatch_metrics(run.dist, sums, loss_total, sum(m.tokens for m in mb.micro),
                                        sum(m.num_rows for m in mb.micro))
     if corr:
