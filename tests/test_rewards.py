@@ -148,6 +148,26 @@ def test_validate_specs_keys_and_errors():
     assert keys == ["format", "format_2", "exact_answer"]
     with pytest.raises(RewardConfigError, match="weight"):
         validate_specs([RewardSpec("format", weight=float("nan"))])
+    with pytest.raises(RewardConfigError, match="weight must be a finite number within float32's range"):
+        validate_specs([RewardSpec("format", weight=1e39)])
+
+
+def a(prompts, completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def a_2(prompts, completions, **kwargs):
+    return [2.0] * len(completions)
+
+
+def test_generated_keys_never_take_another_functions_name():
+    """`a`, `a`, `a_2`: the second `a` must not become `a_2`, which would merge two functions' values."""
+    keys = [k for k, _, _ in validate_specs([a, a, a_2])]
+    assert keys == ["a", "a_3", "a_2"]
+    assert [k for k, _, _ in validate_specs([a_2, a, a, a])] == ["a_2", "a", "a_3", "a_4"]
+    with RewardRunner([a, a, a_2], num_workers=0) as r:
+        res = r.score(["p"], ["c"])
+    assert res.per_function == {"a": [1.0], "a_3": [1.0], "a_2": [2.0]} and res.rewards.tolist() == [4.0]
     with pytest.raises(RewardConfigError, match="unknown reward 'nope'"):
         validate_specs(["format", "nope"])
 

@@ -181,11 +181,12 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
     """Resolve every spec now (call at start-up, before any model loads; a `model:` / `judge:`
     RewardSpec loads its model here, once, and keeps it). A spec may also be a
     name or a dict of RewardSpec fields. Returns (unique key, function, spec) triples; a repeated
-    short name gets a suffix: "format", "format_2", ..."""
+    short name gets the first free suffix: "format", "format_2", ..., never another spec's own
+    short name (`a`, `a`, `a_2` give `a`, `a_3`, `a_2`)."""
     specs = [specs] if isinstance(specs, (str, dict, RewardSpec)) else specs
     if not specs:
         raise RewardConfigError("validate_specs: at least one reward function is needed")
-    out, seen = [], {}
+    resolved = []
     for s in specs:
         try:
             s = RewardSpec(s) if isinstance(s, str) or callable(s) else RewardSpec(**s) if isinstance(s, dict) else s
@@ -194,16 +195,28 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
         if not isinstance(s, RewardSpec):
             raise RewardConfigError(f"validate_specs: expected RewardSpec, str or dict, got {s!r}")
         fn = _resolve_spec(s)
-        if isinstance(s.weight, bool) or not isinstance(s.weight, numbers.Real) or not math.isfinite(s.weight):
-            raise RewardConfigError(f"reward {s.short_name!r}: weight must be a finite number, got {s.weight!r}")
+        if (isinstance(s.weight, bool) or not isinstance(s.weight, numbers.Real) or not math.isfinite(s.weight)
+                or abs(s.weight) > _FLOAT32_MAX):
+            raise RewardConfigError(f"reward {s.short_name!r}: weight must be a finite number within float32's "
+                                    f"range (rewards are float32), got {s.weight!r}")
         if not isinstance(s.kwargs, dict):
             raise RewardConfigError(f"reward {s.short_name!r}: kwargs must be a dict, got {s.kwargs!r}")
         if isinstance(s.name, str) and s.name in BUILTIN_REWARDS:
             _check_builtin_options(s.name, fn, s.kwargs)
-        key = s.short_name
-        seen[key] = seen.get(key, 0) + 1
-        out.append((key if seen[key] == 1 else f"{key}_{seen[key]}", fn, s))
+        resolved.append((fn, s))
+    own = {s.short_name for _, s in resolved}  # suffixed keys keep clear of these
+    out, used = [], set()
+    for fn, s in resolved:
+        key, n = s.short_name, 1
+        while key in used or (n > 1 and key in own):
+            n += 1
+            key = f"{s.short_name}_{n}"
+        used.add(key)
+        out.append((key, fn, s))
     return out
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 # the dataset columns a built-in reward reads; its other named parameters are options (kwargs)
