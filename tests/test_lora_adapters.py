@@ -130,3 +130,33 @@ def test_a_run_directory_whose_final_is_adapters_names_it(adapter, tmp_path):
     with pytest.raises(ModelError, match=re.escape(f"is a gspo run directory, not a model folder; its model is "
                                                    f"{run / 'final'}")):
         load_policy(run, device="cpu")
+
+
+# ----------------------------------------------------------------------------- lora.target_modules
+
+
+@pytest.mark.parametrize("targets,says", [
+    ("[all-linear, lm_head]", "all-linear stands alone"),  # peft adapted lm_head alone
+    ("[all-linear, q_proj]", "all-linear stands alone"),  # ... q_proj alone
+    ("[q_proj, v_prj]", "'v_prj' matches no module"),  # ... q_proj alone
+])
+def test_target_modules_that_would_adapt_fewer_modules_are_refused(llama, targets, says):
+    with pytest.raises(ConfigError, match=re.escape(f"config field 'lora.target_modules': {says}")):
+        policy(f"model.name_or_path={llama}", "lora.enabled=true", f"lora.target_modules={targets}")
+
+
+def test_target_modules_names_and_suffixes_adapt_what_they_name(llama):
+    model, _ = policy(f"model.name_or_path={llama}", "lora.enabled=true", "lora.target_modules=[q_proj, mlp.up_proj]")
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad}
+    assert adapted == {"q_proj", "up_proj"}
+
+
+@pytest.mark.parametrize("target", ["lm_head", "embed_tokens"])
+def test_lora_on_a_tied_embedding_is_refused(saved, target):
+    """Qwen3 (tests/artifacts.py) ties its head to its embedding: an adapter merged into the
+    shared weight changes both, and final/ was not the trained policy (0.17 in log-probs)."""
+    with pytest.raises(ConfigError, match=rf"'lora.target_modules': \S*{target} .*tie_word_embeddings"):
+        policy(f"model.name_or_path={saved('qwen3')}", "lora.enabled=true", f"lora.target_modules=[{target}]")
+    # untied, the head is a Linear like any other
+    policy(f"model.name_or_path={saved('qwen3', tie_word_embeddings=False)}", "lora.enabled=true",
+           "lora.target_modules=[lm_head]")

@@ -7,8 +7,12 @@
   peft refuses to adapt on the model types it lists; ``all-linear`` would otherwise select it
   and peft would stop the run.
 
-Both are left out of ``all-linear``; a router named in an explicit list is one error
-(`lora_targets`, what gspo.train.run hands peft).
+- `tied_embedding_targets`: the input embedding and LM head of a tie_word_embeddings model,
+  which one merged adapter would change together.
+
+The first two are left out of ``all-linear`` (which leaves the head out too); each named in an
+explicit list is one error (`lora_targets`, what gspo.train.run hands peft), as are a name that
+matches no module and ``all-linear`` inside a list.
 """
 
 from __future__ import annotations
@@ -35,11 +39,45 @@ def mamba_lora_exclusions(model) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name.endswith("out_proj")]
 
 
+def _matches(name: str, target: str) -> bool:
+    """peft's rule for a name in a list of target modules: the module's full name, or its end."""
+    return name == target or name.endswith("." + target)
+
+
+def tied_embedding_targets(model, targets: list[str]) -> list[str]:
+    """The modules in `targets` that hold a weight tied to another (the input embedding and the
+    LM head of a tie_word_embeddings model). peft adapts each side alone, and merging one adapter
+    into the shared weight changes the other side too, so the merged final/ (and the weights a
+    vLLM engine gets) would not be the policy that was trained."""
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if inp is None or out is None or getattr(inp, "weight", None) is not getattr(out, "weight", False):
+        return []
+    return [f"{n} ({'the input embedding' if m is inp else 'the LM head'})"
+            for n, m in model.named_modules(remove_duplicate=False)
+            if (m is inp or m is out) and any(_matches(n, t) for t in targets)]
+
+
 def lora_targets(model, targets: list[str]) -> tuple[str | list[str], list[str]]:
     """peft's `target_modules` and `exclude_modules` for `lora.target_modules` = `targets`:
-    "all-linear" without what a LoRA layer cannot wrap, or the names given, refusing a router."""
+    "all-linear" without what a LoRA layer cannot wrap, or the names given. Refused, naming the
+    field: "all-linear" in a list (peft would adapt only the other names), a name that matches
+    no module (a typo would adapt only the others), a router, and a tied embedding or head."""
+    if "all-linear" in targets and targets != ["all-linear"]:
+        raise ConfigError(f"config field 'lora.target_modules': all-linear stands alone (in a list, peft takes "
+                          f"it for a module name and adapts only {[t for t in targets if t != 'all-linear']}); "
+                          f"use all-linear, or list every module to adapt")
+    names = [n for n, _ in model.named_modules()]
+    unknown = [t for t in targets if t != "all-linear" and not any(_matches(n, t) for n in names)]
+    if unknown:
+        raise ConfigError(f"config field 'lora.target_modules': {unknown[0]!r} matches no module of the model "
+                          f"(names end a module's full name, e.g. q_proj for model.layers.0.self_attn.q_proj)")
+    tied = tied_embedding_targets(model, targets)
+    if tied:
+        raise ConfigError(f"config field 'lora.target_modules': {tied[0]} shares its weight with the other end "
+                          f"of the model (tie_word_embeddings), so merging its adapter would change both and final/ "
+                          f"would not be the trained policy; leave it out (all-linear does)")
     routers = linear_routers(model)
-    named = [n for n in routers for t in targets if n == t or n.endswith("." + t)]
+    named = [n for n in routers for t in targets if _matches(n, t)]
     if named:
         raise ConfigError(f"config field 'lora.target_modules': {named[0]} is a MoE router that returns scores and "
                           f"logits ({type(model.get_submodule(named[0])).__name__}), which a LoRA layer cannot "
