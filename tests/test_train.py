@@ -230,6 +230,14 @@ def test_an_answer_reward_on_data_without_answers_is_one_error_before_compute(tm
     err = capsys.readouterr().err
     assert rc == 2 and "rewards.functions[0].name" in err and "'answer' column" in err and "solution" in err
     assert not (run_dir / "metrics.jsonl").exists()
+    gsm = tmp_path / "gsm8k.jsonl"  # GSM8K as it comes: the answer cell is a worked solution
+    gsm.write_text("".join(json.dumps({"question": f"{i} apples and one more?",
+                                       "answer": f"{i} + 1 = <<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"}) + "\n"
+                           for i in range(16)))
+    rc, _ = run(tmp_path, f"data.source={gsm}", "data.prompt_column=question", "rewards.functions=[exact_answer]",
+                name="gsm")
+    err = capsys.readouterr().err
+    assert rc == 2 and "16 of 16 cells" in err and "part after '####'" in err
 
 
 def test_unwritable_output_dir(tmp_path, capsys):
@@ -489,3 +497,24 @@ def test_entropy_is_logged_on_every_step_null_where_no_row_ran(tmp_path):
     assert rc == 0
     steps = [r for r in records(run_dir) if r.get("step", 0) > 0]
     assert steps and all("entropy/mean" in r and r["entropy/mean"] is None for r in steps)
+
+
+@pytest.mark.parametrize("fn, column", [("def f(completions, solution, **kw):\n    return [1.0] * len(completions)\n", "solution"),
+                                        ("def f(completions, trainer_state, **kw):\n    return [1.0] * len(completions)\n",
+                                         "trainer_state"),
+                                        ("def f(prompts, completions, /, *, level, **kw):\n    return [1.0] * len(completions)\n",
+                                         "level")])
+def test_a_reward_argument_no_column_supplies_is_one_error_before_compute(tmp_path, capsys, fn, column):
+    """It failed at the first scoring, after a rollout, with a TypeError."""
+    (tmp_path / "needs.py").write_text(fn)
+    rc, run_dir = run(tmp_path, f"rewards.functions=[{tmp_path / 'needs.py'}:f]")
+    err = capsys.readouterr().err
+    assert rc == 2 and f"needs the argument {column!r}" in err and "rewards.functions[0]" in err, err[-1500:]
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert ("TRL adds" in err) == (column == "trainer_state")
+
+
+def test_code_tests_without_a_tests_column_is_one_error_before_compute(tmp_path, capsys):
+    rc, _ = run(tmp_path, "rewards.functions=[code_tests]", "rewards.allow_code_execution=true")
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs the argument 'tests'" in err, err[-1500:]

@@ -148,6 +148,49 @@ def check_reward_columns(cfg: Config, rows: list[dict], held: bool = False) -> N
     built-in's option (`check_option_columns`). `held`: the rows are the held-out ones."""
     check_answer_column(cfg, rows, held)
     check_option_columns(cfg, rows, held)
+    check_named_columns(cfg, rows, held)
+
+
+TRL_ONLY_ARGUMENTS = ("trainer_state", "completion_ids", "log_extra", "log_metric")  # what TRL passes besides columns
+
+
+def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:
+    """A reward function's required argument that no column (nor its kwargs) supplies, which
+    would fail at the first scoring, after a rollout: one error before the model loads, naming
+    the function and the argument. code_tests needs a `tests` column."""
+    import functools
+    import inspect
+
+    from gspo.rewards import resolve_reward
+    from gspo.rewards.sandbox import code_tests_reward
+
+    columns = {k for r in rows for k in r} - {"prompt"}
+    for i, f in enumerate(cfg.rewards.functions):
+        if f.name.startswith(("model:", "judge:")) or not rows:
+            continue
+        try:
+            fn = resolve_reward(f.name)
+            params = list(inspect.signature(fn).parameters.values())
+        except Exception:  # noqa: BLE001 (an unresolvable name is the name check's to report)
+            continue
+        by_keyword = any(p.name in ("prompts", "completions") for p in params)
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        skip = set() if by_keyword else set(positional[:2])  # (prompts and completions, by position)
+        needed = [p.name for p in params if p.default is p.empty and p.name not in skip | {"prompts", "completions"}
+                  and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in f.kwargs]
+        base = fn
+        while isinstance(base, functools.partial):
+            base = base.func
+        if base is code_tests_reward and "tests" not in f.kwargs:  # (None: no tests, so no score)
+            needed.append("tests")
+        missing = [n for n in needed if n not in columns]
+        if missing:
+            n = missing[0]
+            why = (f"gspo passes a reward function the prompts, the completions and every dataset column; {n!r} is "
+                   "one TRL adds, which gspo does not" if n in TRL_ONLY_ARGUMENTS else
+                   f"{rows_source(cfg, held)} has no column {n!r} (its columns: {', '.join(sorted(columns)) or 'none'})")
+            raise DataError(f"config field 'rewards.functions[{i}].name': '{f.name}' needs the argument {n!r}: {why}; "
+                            f"give it a default, or set it in rewards.functions[{i}].kwargs")
 
 
 def check_option_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:
@@ -181,3 +224,10 @@ def check_answer_column(cfg: Config, rows: list[dict], held: bool = False) -> No
             raise DataError(f"config field 'rewards.functions[{i}].name': {f.name} compares completions with the "
                             f"dataset's 'answer' column, which {rows_source(cfg, held)} {what} (its columns: "
                             f"{', '.join(columns)}); {hint}")
+        sample = [a for r in rows[:1000] if isinstance(a := r.get("answer"), str)]
+        solutions = sum("####" in a for a in sample)
+        if f.name in ANSWER_REWARDS and f.weight != 0 and solutions and 2 * solutions >= len(sample):
+            raise DataError(f"config field 'rewards.functions[{i}].name': {f.name} compares completions with the whole "
+                            f"'answer' cell, and {solutions} of {len(sample)} cells of {rows_source(cfg, held)} are "
+                            "GSM8K-style worked solutions ending in '#### ANSWER', which no completion matches; keep "
+                            "the part after '####' in the 'answer' column")
