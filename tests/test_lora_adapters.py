@@ -160,3 +160,25 @@ def test_lora_on_a_tied_embedding_is_refused(saved, target):
     # untied, the head is a Linear like any other
     policy(f"model.name_or_path={saved('qwen3', tie_word_embeddings=False)}", "lora.enabled=true",
            "lora.target_modules=[lm_head]")
+
+
+# ----------------------------------------------------------------------------- the weights a vLLM engine gets
+
+
+@pytest.mark.parametrize("targets", [["embed_tokens"], ["q_proj", "embed_tokens"]])
+def test_vllm_engine_weights_merge_an_embedding_lora(llama, targets):
+    """`merged_weights` skipped peft's Embedding LoRA layers (lora_embedding_A/B): the engine
+    sampled from the base embedding, not the policy's."""
+    from gspo.rollout.vllm import merged_weights
+
+    torch.manual_seed(0)
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(llama),
+                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for n, w in model.named_parameters():
+            if "lora_" in n:
+                w.normal_(0, 0.5)
+    engine = AutoModelForCausalLM.from_pretrained(llama)
+    engine.load_state_dict(dict(merged_weights(model)), strict=True)
+    assert (logp(engine) - logp(model)).abs().max().item() < 1e-5
+    assert (logp(engine) - logp(AutoModelForCausalLM.from_pretrained(llama))).abs().max().item() > 1e-2

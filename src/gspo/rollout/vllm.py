@@ -78,21 +78,29 @@ def _is_peft(model) -> bool:
 
 def _lora_delta(module, name: str) -> torch.Tensor | None:
     """scale · B @ A summed over the active adapters of one peft LoRA layer (None if nothing
-    is to be added: adapters disabled or already merged into the base weight)."""
+    is to be added: adapters disabled or already merged into the base weight). A Linear layer's
+    A and B are Linear modules; an Embedding layer's are the tensors lora_embedding_A/B, whose
+    product is the transpose of the (vocab, dim) table's update."""
     if getattr(module, "disable_adapters", False) or getattr(module, "merged", False):
         return None
     delta = None
+    embedding = getattr(module, "lora_embedding_A", {})
     for a in module.active_adapters:
-        if a not in module.lora_A:
+        if a not in module.lora_A and a not in embedding:
             continue
         if getattr(module, "use_dora", {}).get(a, False):
             raise ValueError(f"{name}: DoRA adapters are not supported by the vllm backend")
-        A, B = module.lora_A[a], module.lora_B[a]
-        if not (isinstance(A, torch.nn.Linear) and isinstance(B, torch.nn.Linear)):
-            raise ValueError(f"{name}: only Linear LoRA layers can be merged for vllm (got {type(A).__name__})")
-        d = (B.weight.float() @ A.weight.float()) * float(module.scaling[a])  # (out, in)
-        if getattr(module, "fan_in_fan_out", False):
-            d = d.T
+        if a in embedding:
+            A, B = embedding[a], module.lora_embedding_B[a]  # (r, vocab), (dim, r)
+            d = (B.float() @ A.float()).T * float(module.scaling[a])  # (vocab, dim)
+        else:
+            A, B = module.lora_A[a], module.lora_B[a]
+            if not (isinstance(A, torch.nn.Linear) and isinstance(B, torch.nn.Linear)):
+                raise ValueError(f"{name}: only Linear and Embedding LoRA layers can be merged for vllm "
+                                 f"(got {type(A).__name__})")
+            d = (B.weight.float() @ A.weight.float()) * float(module.scaling[a])  # (out, in)
+            if getattr(module, "fan_in_fan_out", False):
+                d = d.T
         delta = d if delta is None else delta + d
     return delta
 
