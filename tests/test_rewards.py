@@ -310,14 +310,38 @@ def test_an_unclosed_runner_does_not_hold_up_interpreter_exit():
     assert out.returncode == 0 and out.stdout.strip() == "[1.0]", out.stderr
 
 
-def test_missing_values_make_nan_unless_weight_zero():
-    specs = [RewardSpec(answer_or_none), RewardSpec(length_reward)]
+def test_a_row_sums_the_functions_that_scored_it_and_is_missing_when_none_did():
+    """TRL's nansum: None means "does not apply to this row" (its multi-task pattern)."""
+    specs = [RewardSpec(answer_or_none, weight=2.0), RewardSpec(length_reward)]
     with RewardRunner(specs) as r:
         res = r.score(["p"] * 2, ["a", "b"], {"answer": [None, "b"]})
-    assert math.isnan(res.rewards[0]) and res.rewards[1] == 2.0
-    assert res.stats["reward/missing"] == 1 and res.stats["reward/mean"] == 2.0
-    with RewardRunner([RewardSpec(answer_or_none, weight=0.0), RewardSpec(length_reward)]) as r:
-        assert r.score(["p"] * 2, ["a", "b"], {"answer": [None, "b"]}).rewards.tolist() == [1.0, 1.0]
+    # row 0: only length 1; row 1: 2 * 1 + length 1
+    assert res.rewards.tolist() == [1.0, 3.0] and res.stats["reward/missing"] == 0
+    assert math.isnan(res.per_function["answer_or_none"][0])
+    with RewardRunner([answer_or_none]) as r:
+        res = r.score(["p"] * 2, ["a", "b"], {"answer": [None, "b"]})
+    assert math.isnan(res.rewards[0]) and res.rewards[1] == 1.0
+    assert res.stats["reward/missing"] == 1 and res.stats["reward/mean"] == 1.0
+    with RewardRunner([RewardSpec(answer_or_none), RewardSpec(length_reward, weight=0.0)]) as r:
+        assert math.isnan(r.score(["p"], ["a"], {"answer": [None]}).rewards[0])  # weight 0 is logged only
+
+
+def math_or_none(prompts, completions, task, **kwargs):
+    return [float(len(c)) if t == "math" else None for c, t in zip(completions, task)]
+
+
+def code_or_none(prompts, completions, task, **kwargs):
+    if "bad" in completions:
+        raise ValueError("cannot score 'bad'")
+    return [10.0 if t == "code" else None for c, t in zip(completions, task)]
+
+
+def test_multi_task_rows_get_their_own_rewards_but_a_failure_still_makes_the_row_missing():
+    with RewardRunner([math_or_none, code_or_none], on_error="skip", num_workers=2) as r:
+        res = r.score(["p"] * 4, ["ab", "x", "abc", "bad"], {"task": ["math", "code", "math", "code"]})
+    # the batch call raised on "bad": re-run alone, only that row failed, and it is missing, not 0
+    assert res.rewards.tolist()[:3] == [2.0, 10.0, 3.0] and math.isnan(res.rewards[3])
+    assert res.stats["reward/missing"] == 1 and res.stats["reward/errors"] == 1
 
 
 def test_spec_kwargs_reach_function():

@@ -257,8 +257,11 @@ class RewardRunner:
     "zero" scores them 0.0. Breaking the contract (wrong count, non-number, NaN/inf) is always
     a RewardError.
 
-    Missing: a sample's weighted sum is NaN when any function with nonzero weight has no value
-    for it (returned None, or failed under "skip"). Functions with weight 0 are logged only.
+    Missing, as TRL sums with nansum: a sample's reward is the weighted sum over the functions
+    with nonzero weight that returned a value for it, so a function may return None for the
+    rows it does not apply to (TRL's multi-task pattern); it is NaN (missing) when none of them
+    returned one, or when any of them failed on it under "skip" (a failure never turns into a
+    partial reward). Functions with weight 0 are logged only.
 
     Reward models (`model:` / `judge:` names, `gspo.rewards.models`) run in this process on the
     whole batch, under the same weights and on_error policy; their deadline is checked after
@@ -429,22 +432,30 @@ class RewardRunner:
         stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         errors: list[str] = []
         per_function: dict[str, list[float]] = {}
+        failed = torch.zeros(n, dtype=torch.bool)  # (N,) a nonzero-weight function failed under "skip"
         t0 = time.perf_counter()
         for index, name in enumerate(self.names):
             t_fn = time.perf_counter()
             replies = self._call_all(index, chunks, batch)
             values: list[float] = []
             for (lo, hi), reply in zip([(0, n)] if self._in_process[index] else chunks, replies):
-                values += self._chunk_values(name, reply, lo, hi, batch, stats, errors)
+                chunk, chunk_failed = self._chunk_values(name, reply, lo, hi, batch, stats, errors)
+                values += chunk
+                if self.weights[index] != 0.0 and self.on_error == "skip":
+                    failed[[lo + i for i in chunk_failed]] = True
             per_function[name] = values
             stats[f"reward/{name}/time_s"] = time.perf_counter() - t_fn
 
         total = torch.zeros(n, dtype=torch.float64)  # (N,)
+        scored = torch.zeros(n, dtype=torch.bool)  # (N,) some nonzero-weight function has a value
         for name, weight in zip(self.names, self.weights):
             v = torch.tensor(per_function[name], dtype=torch.float64)  # (N,)
             if weight != 0.0:
-                total += weight * v  # NaN propagates: missing stays missing
+                total += torch.where(v.isnan(), 0.0, weight * v)  # TRL's nansum
+                scored |= ~v.isnan()
             stats[f"reward/{name}/mean"] = v.nanmean().item()  # NaN when all are missing
+        if any(w != 0.0 for w in self.weights):
+            total[~scored | failed] = math.nan
         rewards = total.float()
         over = torch.isinf(rewards) & torch.isfinite(total)  # finite values float32 cannot hold
         if bool(over.any()):
@@ -459,13 +470,14 @@ class RewardRunner:
         stats["reward/time_s"] = time.perf_counter() - t0
         return RewardResult(rewards=rewards, per_function=per_function, stats=stats, errors=errors)
 
-    def _chunk_values(self, name, reply, lo, hi, batch, stats, errors) -> list[float]:
-        """Values of one chunk (NaN for None), applying the on_error policy."""
+    def _chunk_values(self, name, reply, lo, hi, batch, stats, errors) -> tuple[list[float], list[int]]:
+        """Values of one chunk (NaN for None), applying the on_error policy, and the indices in
+        the chunk where the function failed (timed out, died or raised)."""
         kind = reply[0]
         if kind == "bad":
             raise RewardError(reply[1])
         if kind == "ok":
-            return [math.nan if v is None else v for v in reply[1]]
+            return [math.nan if v is None else v for v in reply[1]], []
         fill = 0.0 if self.on_error == "zero" else math.nan
         if kind in ("timeout", "died"):
             what = (f"timed out after {self.timeout_s:g}s" if kind == "timeout"
@@ -476,7 +488,7 @@ class RewardRunner:
                 raise RewardError(msg)
             stats["reward/timeouts" if kind == "timeout" else "reward/errors"] += hi - lo
             errors.append(msg)
-            return [fill] * (hi - lo)
+            return [fill] * (hi - lo), list(range(hi - lo))
         _, values, failures, batch_tb = reply
         prompts, completions, _ = batch
         if not failures:  # the batch call raised but every sample alone succeeded
@@ -494,4 +506,4 @@ class RewardRunner:
         for i, tb in failures:
             stats["reward/errors"] += 1
             errors.append(f"reward function {name!r} raised on sample {lo + i}: {tb.strip().splitlines()[-1]}")
-        return [fill if i in failed else (math.nan if v is None else v) for i, v in enumerate(values)]
+        return [fill if i in failed else (math.nan if v is None else v) for i, v in enumerate(values)], sorted(failed)
