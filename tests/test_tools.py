@@ -465,3 +465,15 @@ def test_a_parser_that_breaks_mid_run_stops_it_with_the_status_of_a_stated_reaso
     monkeypatch.setattr(cli, "cmd_train", breaks)
     assert cli.main(["train"]) == 1
     assert "stopped: config field 'rollout.tool_parser'" in capsys.readouterr().err
+
+
+def test_an_episodes_turns_reach_rewards_without_special_tokens_as_a_single_turn_does():
+    """Special tokens the model writes mid-turn (Llama 3's <|python_tag|>, a stray header) were
+    in the assistant content rewards read; a single-turn completion's text has none."""
+    tok = build_char_tokenizer(CHARS)
+    tok.add_special_tokens({"additional_special_tokens": ["<|x|>"]})
+    gen = Scripted(tok, ["4<|x|>2"])
+    with ToolRunner([add], num_workers=0) as runner:
+        ro = run_episodes(gen, tok, [[{"role": "user", "content": "what is 40+2?"}]], 1, tools=[add],
+                          runner=runner, parser=parse_hermes, max_turns=2, max_tokens=100)
+    assert ro.completions == ["42"] and ro.turns[0] == [{"role": "assistant", "content": "42"}]

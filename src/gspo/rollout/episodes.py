@@ -207,8 +207,9 @@ def run_episodes(generator, tokenizer, prompts: Sequence[list[dict]], group_size
             e.turns += 1
             ended = bool(n) and new[-1] in eos_ids
             body = new[:-1] if ended else new
-            text = tokenizer.decode(body, skip_special_tokens=False)
-            e.new.append({"role": "assistant", "content": text})
+            text = tokenizer.decode(body, skip_special_tokens=False)  # what calls are parsed from, templates re-render
+            # what rewards read: without special tokens, as a single-turn completion's text
+            e.new.append({"role": "assistant", "content": tokenizer.decode(body, skip_special_tokens=True)})
             e.messages.append({"role": "assistant", "content": text})
             if not ended:
                 e.finish = "length"  # the turn (or the episode's budget) ran out
