@@ -513,3 +513,17 @@ def test_tasks_registry_and_errors():
         make_task("arithmetic", 3, seed=0, difficulty=4)
     with pytest.raises(DataError, match="n must be"):
         arithmetic(0, seed=0)
+
+
+def test_a_chat_template_without_a_generation_prompt_is_warned_about(char_tokenizer, capsys):
+    """A template that ignores add_generation_prompt leaves the prompt without the assistant's
+    header: the model writes it, and rewards got 'assistant\\n7'. Not a word was said."""
+    from gspo.train.prompts import say_no_generation_prompt
+
+    rows = [{"prompt": [{"role": "user", "content": "2+5="}]}]
+    say_no_generation_prompt(rows, char_tokenizer)
+    assert "add_generation_prompt" not in capsys.readouterr().err  # its template opens the assistant turn
+    tok = char_tokenizer.__class__(tokenizer_object=char_tokenizer.backend_tokenizer, unk_token="<unk>")
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    say_no_generation_prompt(rows, tok)
+    assert "writes nothing for add_generation_prompt=True" in capsys.readouterr().err

@@ -126,7 +126,28 @@ def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | No
     if not rows:
         raise DataError(f"{rows_source(cfg, held)}: no prompt fits in {cap} tokens ({why})")
     say_prefills(cfg, rows, held, say)
+    if say:
+        say_no_generation_prompt(rows, tok)
     return rows
+
+
+def say_no_generation_prompt(rows: list[dict], tok) -> None:
+    """A warning where the chat template writes nothing for add_generation_prompt=True: prompts
+    then end without the assistant's header, and the model writes it into its completion, where
+    rewards read it."""
+    chat = next((r["prompt"] for r in rows if isinstance(r["prompt"], list) and prefill(r["prompt"]) is None), None)
+    if chat is None:
+        return
+    try:
+        with_header, without = (tok.apply_chat_template(list(chat), tokenize=False, add_generation_prompt=g)
+                                for g in (True, False))
+    except Exception:  # noqa: BLE001 (format_prompt reports a template that fails)
+        return
+    if with_header == without:
+        name = getattr(tok, "name_or_path", "") or type(tok).__name__
+        print(f"warning: the chat template of {name} writes nothing for add_generation_prompt=True, so prompts end "
+              "without the assistant's header and the model writes it into each completion (rewards read it): "
+              "use a template that opens the assistant turn", file=sys.stderr)
 
 
 def say_prefills(cfg: Config, rows: list[dict], held: bool = False, say: bool = True) -> None:
