@@ -213,9 +213,12 @@ def test_the_contract_imports_neither_the_runner_nor_torch():
     assert out.split() == ["False", "False"]
 
 
+P4 = ["p0", "p1", "p2", "p3"]  # four groups of one: the runner splits a batch only between groups
+
+
 def test_runner_runs_in_other_processes():
     with RewardRunner([worker_pid], num_workers=2) as r:
-        pids = set(r.score(["p"] * 4, ["c"] * 4).per_function["worker_pid"])
+        pids = set(r.score(P4, ["c"] * 4).per_function["worker_pid"])
     assert len(pids) == 2 and os.getpid() not in pids
 
 
@@ -226,12 +229,12 @@ def test_a_sigterm_to_the_process_group_leaves_the_reward_workers_to_the_parent(
     import time
 
     with RewardRunner([worker_pid], num_workers=2) as r:
-        pids = set(r.score(["p"] * 4, ["c"] * 4).per_function["worker_pid"])
+        pids = set(r.score(P4, ["c"] * 4).per_function["worker_pid"])
         for pid in pids:
             os.kill(int(pid), signal.SIGTERM)
             os.kill(int(pid), signal.SIGINT)
         time.sleep(0.3)
-        again = r.score(["p"] * 4, ["c"] * 4)
+        again = r.score(P4, ["c"] * 4)
         assert set(again.per_function["worker_pid"]) == pids and again.stats["reward/errors"] == 0
 
 
@@ -376,15 +379,28 @@ def test_hang_is_killed_at_deadline_and_runner_recovers():
         old_pids = [p.pid for p, _ in r._workers]
         t0 = time.monotonic()
         with pytest.raises(RewardError, match=r"'sleeps_on_hang' timed out after 1s on samples 2\.\.3"):
-            r.score(["p"] * 4, ["a", "b", "c", "hang"])
+            r.score(P4, ["a", "b", "c", "hang"])
         assert time.monotonic() - t0 < 5
         assert r._workers[0][0].pid == old_pids[0] and r._workers[1][0].pid != old_pids[1]
-        assert r.score(["p"] * 4, ["a"] * 4).rewards.tolist() == [1.0] * 4
+        assert r.score(P4, ["a"] * 4).rewards.tolist() == [1.0] * 4
     with RewardRunner([sleeps_on_hang, length_reward], timeout_s=1.0, on_error="skip", num_workers=2) as r:
-        res = r.score(["p"] * 4, ["a", "b", "c", "hang"])
+        res = r.score(P4, ["a", "b", "c", "hang"])
         assert res.stats["reward/timeouts"] == 2 and res.stats["reward/missing"] == 2
         assert res.rewards[:2].tolist() == [2.0, 2.0]  # the other chunk and function still count
         assert res.per_function["length_reward"] == [1.0, 1.0, 1.0, 4.0]
+
+
+def group_sizes(prompts, completions, **kwargs):
+    return [float(prompts.count(p)) for p in prompts]
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_each_call_gets_whole_groups(workers):
+    """A function that compares a group's completions must see all of them in one call."""
+    prompts = ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3
+    with RewardRunner([group_sizes], num_workers=workers) as r:
+        assert r.score(prompts, ["x"] * 12).rewards.tolist() == [3.0] * 12
+        assert r.score(["a"] * 5, ["x"] * 5).rewards.tolist() == [5.0] * 5  # one group: one call
 
 
 def test_stale_reply_from_an_interrupted_call_is_dropped():

@@ -234,6 +234,15 @@ def kill_worker(proc, conn, group: bool = False) -> None:
     conn.close()
 
 
+def _whole_group_chunks(prompts: list, k: int) -> list[tuple[int, int]]:
+    """At most `k` contiguous (lo, hi) chunks covering `prompts`, as even as they can be when
+    every cut falls where the prompt changes: a group is never split between two calls."""
+    n = len(prompts)
+    starts = [0] + [i for i in range(1, n) if prompts[i] != prompts[i - 1]] + [n]
+    cuts = sorted({min(starts, key=lambda s: abs(s - round(j * n / k))) for j in range(k + 1)})
+    return list(zip(cuts, cuts[1:])) or [(0, 0)]
+
+
 def _short(text: Any, limit: int = 300) -> str:
     text = str(text)
     return repr(text if len(text) <= limit else text[:limit] + f"... [{len(text)} chars]")
@@ -242,7 +251,9 @@ def _short(text: Any, limit: int = 300) -> str:
 class RewardRunner:
     """Scores completions with a weighted sum of reward functions run in worker processes.
 
-    The batch is split into `num_workers` contiguous chunks, one per long-lived worker; each
+    The batch is split into at most `num_workers` contiguous chunks, one per long-lived worker,
+    cut only between runs of equal consecutive prompts, so that every call gets whole groups
+    (a group's completions share their prompt; functions that compare them stay right); each
     function runs on every chunk with a deadline of `timeout_s` per call (the per-sample
     re-runs that locate a failing sample count toward the same deadline). A worker past its
     deadline is SIGKILLed with its process group (what its function started) and replaced, and
@@ -424,8 +435,7 @@ class RewardRunner:
         if bad:
             raise ValueError(f"RewardRunner.score: {'; '.join(bad)} (for {n} completions)")
         batch = (list(prompts), list(completions), columns)
-        k = max(1, min(self.num_workers, n))  # chunks: one per worker (one in-process)
-        chunks = [(round(i * n / k), round((i + 1) * n / k)) for i in range(k)]
+        chunks = _whole_group_chunks(batch[0], max(1, min(self.num_workers, n)))  # one per worker (one in-process)
         for w, (lo, hi) in enumerate(chunks if self.num_workers else []):
             self._send_batch(w, batch, lo, hi)
 
