@@ -182,3 +182,32 @@ def test_vllm_engine_weights_merge_an_embedding_lora(llama, targets):
     engine.load_state_dict(dict(merged_weights(model)), strict=True)
     assert (logp(engine) - logp(model)).abs().max().item() < 1e-5
     assert (logp(engine) - logp(AutoModelForCausalLM.from_pretrained(llama))).abs().max().item() > 1e-2
+
+
+# ----------------------------------------------------------------------------- final/
+
+
+def test_lora_in_bfloat16_on_a_float32_checkpoint_merges_at_float32(llama, tmp_path, capsys):
+    """model.dtype=bfloat16 with LoRA on a float32 checkpoint: final/ is written in float32
+    (output.final_dtype=auto), so the fp32 adapters are merged into the base cast up, not into
+    its bf16 weights, where an update of ~lr per step is far below a weight's bf16 spacing
+    (~1e-4 here) and rounded away: final/ was the bf16 base."""
+    from safetensors.torch import load_file
+
+    from gspo.cli import main
+
+    rc = main(["train", f"model.name_or_path={llama}", "model.dtype=bfloat16", "lora.enabled=true", "lora.r=4",
+               "optim.lr=1e-6", "data.source=arithmetic", "rollout.prompts_per_step=2", "rollout.group_size=2",
+               "rollout.max_new_tokens=4", "schedule.rollouts=1", "schedule.num_minibatches=1",
+               "rewards.functions=[{name: 'artifacts:signal_reward'}]", "logging.console=false",
+               f"output.dir={tmp_path}", "output.name=x"])
+    assert rc == 0
+    final = load_file(tmp_path / "x" / "final" / "model.safetensors")
+    base = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.bfloat16).float()  # the base as it trained
+    bf16_base = {k: v.clone() for k, v in base.state_dict().items()}
+    exact = peft.PeftModel.from_pretrained(base, tmp_path / "x" / "final" / "adapter").merge_and_unload().state_dict()
+    k = "model.layers.0.self_attn.q_proj.weight"
+    assert final[k].dtype == torch.float32
+    update = exact[k] - bf16_base[k]
+    assert 0 < update.abs().max().item() < 1e-4  # the adapters moved it, by less than bf16 can hold
+    torch.testing.assert_close(final[k], exact[k], rtol=0, atol=1e-7)

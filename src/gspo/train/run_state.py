@@ -62,19 +62,38 @@ def _gathered_policy(run):
     return model
 
 
-def _in_final_dtype(run, model):
-    """`model` with its floating-point weights in output.final_dtype (auto: the dtype its
-    checkpoint was saved in, `saved_dtype`), cast in place (training is over), and a note when
-    that is not the dtype it trained in: a bfloat16 checkpoint comes back as bfloat16, not at
-    twice its size, though a change smaller than half a weight's bf16 spacing rounds away."""
+def _final_dtype(run, model) -> torch.dtype | None:
+    """output.final_dtype (auto: the dtype the checkpoint was saved in, `saved_dtype`); None
+    where that is unknown (the tiny model): the weights are written as trained."""
+    name = run.cfg.output.final_dtype
+    return getattr(torch, name) if name != "auto" else (saved_dtype(run.policy) or saved_dtype(model))
+
+
+def _weights_dtype(model) -> torch.dtype | None:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+def _merged(run, model):
+    """The LoRA adapters merged into `model`'s base, in place (training is over). A base that
+    trained in a narrower dtype than final/ is written in (model.dtype=bfloat16 on a float32
+    checkpoint) is cast up first, so that the fp32 adapters' update is added at the precision
+    it is written in: merged into the bf16 weights, most of a small update rounds away."""
+    target, trained = _final_dtype(run, model), _weights_dtype(model)
+    if target is not None and trained is not None and target.itemsize > trained.itemsize:
+        model.to(target)
+    return model.merge_and_unload()
+
+
+def _in_final_dtype(run, model, trained: torch.dtype | None):
+    """`model` with its floating-point weights in output.final_dtype (`_final_dtype`), cast in
+    place (training is over), and a note when that is not `trained`, the dtype it trained in: a
+    bfloat16 checkpoint comes back as bfloat16, not at twice its size, though a change smaller
+    than half a weight's bf16 spacing rounds away."""
     name = run.cfg.output.final_dtype
     if hasattr(model, "peft_config"):  # adapters alone (lora.merge_final=false): peft's own dtype
         return model
-    target = getattr(torch, name) if name != "auto" else (saved_dtype(run.policy) or saved_dtype(model))
-    if target is None:
-        return model
-    trained = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if trained is None or target == trained:
+    target = _final_dtype(run, model)
+    if target is None or trained is None or target == trained:
         return model
     model.to(target)
     if run.dist.is_main:
@@ -97,11 +116,12 @@ def save_final(run) -> Path:
         part = out.with_name("final.partial")
         shutil.rmtree(part, ignore_errors=True)
         try:
+            trained = _weights_dtype(model)
             if run.cfg.lora.enabled:
                 model.save_pretrained(part / "adapter", safe_serialization=True)
                 if run.cfg.lora.merge_final:
-                    model = model.merge_and_unload()  # training is over: merge in place
-            model = _in_final_dtype(run, model)
+                    model = _merged(run, model)
+            model = _in_final_dtype(run, model, trained)
             with as_brought(run.tokenizer, model):  # the user's pad token and padding side, not gspo's
                 model.save_pretrained(part, safe_serialization=True)
                 run.tokenizer.save_pretrained(part)
