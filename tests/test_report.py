@@ -192,6 +192,10 @@ def test_cli(tmp_path, capsys):
     assert "metrics.jsonl" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([])
+    from gspo.cli import main as gspo_main  # the console's `gspo report` takes the same options
+    assert gspo_main(["report", str(runs[1]), "--out", str(tmp_path / "o3"), "--smooth", "0.9",
+                      "--max-completions", "1"]) == 0
+    assert (tmp_path / "o3" / "report.html").is_file()
 
 
 def test_missing_matplotlib_names_extra(runs, tmp_path, monkeypatch):

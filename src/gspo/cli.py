@@ -125,7 +125,7 @@ def cmd_demo(args) -> int:
 def cmd_report(args) -> int:
     from gspo.report import html as report
 
-    return report.main([*args.run_dirs, *(["--out", args.out] if args.out else [])])
+    return report.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,9 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("overrides", nargs="*", help="dotted key=value overrides of the GSPO phase")
     d.set_defaults(fn=cmd_demo)
 
-    r = sub.add_parser("report", help="plots and an HTML page for one or more runs")
-    r.add_argument("run_dirs", nargs="+")
-    r.add_argument("--out", default=None)
+    from gspo.report.html import add_arguments as report_arguments
+
+    r = sub.add_parser("report", help="plots and an HTML page for one or more runs",
+                       description="Plot one or more gspo runs into a self-contained HTML report.")
+    report_arguments(r)
     r.set_defaults(fn=cmd_report)
     return p
 

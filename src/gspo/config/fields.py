@@ -86,7 +86,7 @@ class DistributedConfig:
 
 @dataclass
 class DataConfig:
-    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting) or a .jsonl / .json / .csv / .parquet "
+    source: str = doc("arithmetic", "built-in task name (arithmetic | sorting; multiply | guess, multi-turn: docs/tools.md) or a .jsonl / .json / .csv / .parquet "
                       "file (.jsonl.gz, .json.gz, .csv.gz too), a datasets save_to_disk folder, or a folder of such "
                       "files as the hub lays a dataset out (relative: from the working directory, else beside the "
                       "config file)")
