@@ -143,6 +143,22 @@ def test_resolve_errors():
         resolve_reward(lambda prompts, completions: [])
 
 
+class Scorer:
+    def __init__(self, scale=2.0):
+        self.scale = scale
+
+    def __call__(self, prompts, completions, **kwargs):
+        return [self.scale] * len(completions)
+
+
+def test_a_class_is_refused_as_a_class_and_an_instance_works():
+    """A class's signature is its __init__'s: "must accept **kwargs" would send the user the wrong way."""
+    with pytest.raises(RewardConfigError, match=r"Scorer is a class; give a reward function, or an instance"):
+        resolve_reward(Scorer)
+    with RewardRunner([Scorer(3.0)], num_workers=0) as r:
+        assert r.score(["p"], ["c"]).rewards.tolist() == [3.0]
+
+
 def test_validate_specs_keys_and_errors():
     keys = [k for k, _, _ in validate_specs(["format", {"name": "format", "kwargs": {"pattern": "x"}}, "exact_answer"])]
     assert keys == ["format", "format_2", "exact_answer"]
@@ -472,9 +488,13 @@ async def async_reward(prompts, completions, **kwargs):
     return [1.0 for _ in completions]
 
 
+def positional_only(prompts, completions, /, **kwargs):  # the names, but not by keyword
+    return [float(len(c) + len(p)) for p, c in zip(prompts, completions)]
+
+
 @pytest.mark.parametrize("fn, expected", [
     (trl_style, [1.0, 2.0]), (trl_with_column, [1.0, 0.0]), (keyword_only, [1.0, 0.0]),
-    (positional_names, [2.0, 3.0]), (async_reward, [1.0, 1.0]),
+    (positional_names, [2.0, 3.0]), (async_reward, [1.0, 1.0]), (positional_only, [2.0, 3.0]),
 ])
 def test_reward_signatures_as_trl_calls_them(fn, expected):
     """TRL passes prompts= and completions= by keyword and awaits async functions; gspo does the

@@ -115,6 +115,9 @@ def _import_file(path: Path):
 def _check_callable(fn: Any, what: str) -> Callable:
     if not callable(fn):
         raise RewardConfigError(f"{what}: {fn!r} is not callable")
+    if inspect.isclass(fn):  # calling it would construct an instance, not score
+        raise RewardConfigError(f"{what}: {fn.__name__} is a class; give a reward function, or an instance "
+                                f"of the class (a module-level `scorer = {fn.__name__}(...)`) whose __call__ scores")
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # some builtins have no signature; trust them

@@ -60,14 +60,16 @@ def _check_values(values: Any, n: int, name: str) -> list[float | None]:
 
 
 def _by_keyword(fn) -> bool:
-    """Whether `fn` names a parameter `prompts` or `completions`: it is then called as TRL calls
-    reward functions, with both by keyword (so `def f(completions, **kwargs)` and
-    `def f(completions, answer, **kwargs)` work); otherwise the two go first, by position."""
+    """Whether `fn` names a parameter `prompts` or `completions` that can be passed by keyword:
+    it is then called as TRL calls reward functions, with both by keyword (so
+    `def f(completions, **kwargs)` and `def f(completions, answer, **kwargs)` work); otherwise
+    (`def f(prompts, completions, /, **kwargs)` too) the two go first, by position."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return "prompts" in params or "completions" in params
+    named = [params[k] for k in ("prompts", "completions") if k in params]
+    return bool(named) and all(p.kind is not inspect.Parameter.POSITIONAL_ONLY for p in named)
 
 
 def _call(fn, kwargs, prompts, completions, columns) -> Any:
