@@ -567,3 +567,9 @@ def test_gspo_eval_with_no_reward_at_all_prints_json_nulls_and_a_warning(tmp_pat
 
     m = json.loads(out.out, parse_constant=refuse)
     assert m["eval/accuracy"] is None and m["eval/missing_frac"] == 1.0 and "no prompt got a reward" in out.err
+    (tmp_path / "boom.py").write_text("def boom(prompts, completions, **kw):\n    raise RuntimeError('down')\n")
+    assert main(["eval", str(saved("qwen3")), str(data), "--num-prompts", "2", "rewards.on_error=skip",
+                 f"rewards.functions=[{{name: '{tmp_path / 'boom.py'}:boom'}}]"]) == 0
+    out = capsys.readouterr()  # it said the functions returned None
+    assert "the reward functions failed on 2 of them (rewards.on_error=skip)" in out.err
+    assert json.loads(out.out)["eval/reward_failures"] == 2

@@ -107,8 +107,9 @@ def cmd_eval(args) -> int:
                 tools.runner.close()
     m["eval/num_prompts"] = len(rows)
     if m.get("eval/missing_frac") == 1.0:
-        print("warning: no prompt got a reward (they returned None, or the data has no answers): accuracy and "
-              "reward are null", file=sys.stderr)
+        why = (f"the reward functions failed on {m['eval/reward_failures']} of them (rewards.on_error={rw.on_error})"
+               if m.get("eval/reward_failures") else "they returned None, or the data has no answers")
+        print(f"warning: no prompt got a reward ({why}): accuracy and reward are null", file=sys.stderr)
     print(json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in m.items()}, indent=2))  # JSON: no NaN
     return 0
 

@@ -47,13 +47,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> torch.Tensor:
-    """Rewards of completion texts, `repeat` a row, in TRL's shapes for each row's prompt (`reward_views`)."""
+def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Rewards of completion texts, `repeat` a row, in TRL's shapes for each row's prompt (`reward_views`):
+    the weighted sums, the first function's values, and how many calls failed under rewards.on_error."""
     prompts = [r["prompt"] for r in rows for _ in range(repeat)]
     prompts, completions = reward_views(prompts, texts)
     res = runner.score(prompts, completions, reward_columns(rows, repeat))
     first = next(iter(res.per_function))
-    return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32)
+    failed = int(res.stats.get("reward/errors", 0) + res.stats.get("reward/timeouts", 0))  # (on_error=skip|zero)
+    return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32), failed
 
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
@@ -72,13 +74,15 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
             return greedy, ro.completions, ro.group_size
 
     comps, samples, n = complete(texts, pass_k)
-    total, first = _score(runner, rows, comps, 1)
+    total, first, failed = _score(runner, rows, comps, 1)
     scored = ~torch.isnan(first)  # a prompt whose reward is missing (no answer) is neither right nor wrong
     ok = first[scored] >= 1.0 - 1e-9
     m = {"eval/accuracy": ok.float().mean().item() if scored.any() else float("nan"),
          "eval/reward_mean": torch.nanmean(total).item(), "eval/missing_frac": 1.0 - scored.float().mean().item()}
+    if failed:
+        m["eval/reward_failures"] = failed
     if samples is not None:
-        _, first_k = _score(runner, rows, samples, n)
+        _, first_k, _ = _score(runner, rows, samples, n)
         first_k = first_k.view(len(rows), n)
         kept = ~torch.isnan(first_k).all(-1)
         correct = (first_k >= 1.0 - 1e-9).sum(-1)[kept]
