@@ -211,3 +211,11 @@ def test_lora_in_bfloat16_on_a_float32_checkpoint_merges_at_float32(llama, tmp_p
     update = exact[k] - bf16_base[k]
     assert 0 < update.abs().max().item() < 1e-4  # the adapters moved it, by less than bf16 can hold
     torch.testing.assert_close(final[k], exact[k], rtol=0, atol=1e-7)
+
+
+def test_an_adapter_on_a_tied_embedding_is_refused_at_load(saved, tmp_path):
+    """A user's adapter on the head of a model that ties it to the embedding: peft's merge wrote
+    the head's update into the embedding too (0.17 in log-probs from base + adapter)."""
+    user_adapter(saved("qwen3"), tmp_path / "ad", target_modules=["lm_head"])
+    with pytest.raises(ModelError, match=r"LoRA adapter on lm_head, whose weight its base .* ties"):
+        load_policy(tmp_path / "ad", device="cpu")

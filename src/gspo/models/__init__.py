@@ -219,13 +219,22 @@ def _load_adapter(path: str, **load):
     except ModelError as e:
         raise ModelError(f"model path {path!r} is a LoRA adapter on the base model {base!r}, which did not "
                          f"load: {e}") from None
+    from gspo.models.lora import tied_embeddings
+
+    tied = tied_embeddings(model)
     try:
-        model = peft.PeftModel.from_pretrained(model, path).merge_and_unload()
+        model = peft.PeftModel.from_pretrained(model, path)
     except RuntimeError as e:  # torch's "size mismatch for ...": the adapter was trained on another model
         first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e)[:300])
         raise ModelError(f"model path {path!r} is a LoRA adapter that does not fit the base model its "
                          f"adapter_config.json names ({base!r}): {first}; set base_model_name_or_path to the "
                          f"model it was trained on") from None
+    adapted = [n for n, m in model.named_modules() if any(getattr(m, "base_layer", None) is t for t in tied)]
+    if adapted:
+        raise ModelError(f"model path {path!r} is a LoRA adapter on {adapted[0].removeprefix('base_model.model.')}, "
+                         f"whose weight its base {base!r} ties to the other end of the model (tie_word_embeddings): "
+                         f"merged, the adapter would change both, which is not the model it was trained as")
+    model = model.merge_and_unload()
     model.requires_grad_(True)  # peft froze the base; a full fine-tuning run trains it (LoRA freezes it again)
     # the model is base + this adapter: a LoRA run on it names this folder as its adapters' base
     # (peft records `name_or_path`), which loads recursively, not the bare base

@@ -44,17 +44,23 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def tied_embedding_targets(model, targets: list[str]) -> list[str]:
-    """The modules in `targets` that hold a weight tied to another (the input embedding and the
-    LM head of a tie_word_embeddings model). peft adapts each side alone, and merging one adapter
-    into the shared weight changes the other side too, so the merged final/ (and the weights a
-    vLLM engine gets) would not be the policy that was trained."""
+def tied_embeddings(model) -> tuple:
+    """(input embedding, LM head) of a model that ties their weight (tie_word_embeddings), else ().
+    peft adapts each side alone, and merging one adapter into the shared weight changes the other
+    side too, so the merged model (final/, a vLLM engine's weights, an adapter folder loaded by
+    `gspo.models.load_policy`) would not be the policy the adapter was trained as."""
     inp, out = model.get_input_embeddings(), model.get_output_embeddings()
     if inp is None or out is None or getattr(inp, "weight", None) is not getattr(out, "weight", False):
-        return []
-    return [f"{n} ({'the input embedding' if m is inp else 'the LM head'})"
+        return ()
+    return inp, out
+
+
+def tied_embedding_targets(model, targets: list[str]) -> list[str]:
+    """The modules in `targets` whose weight is tied to another (`tied_embeddings`)."""
+    tied = tied_embeddings(model)
+    return [f"{n} ({'the input embedding' if m is tied[0] else 'the LM head'})"
             for n, m in model.named_modules(remove_duplicate=False)
-            if (m is inp or m is out) and any(_matches(n, t) for t in targets)]
+            if any(m is t for t in tied) and any(_matches(n, t) for t in targets)]
 
 
 def lora_targets(model, targets: list[str]) -> tuple[str | list[str], list[str]]:
