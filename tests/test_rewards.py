@@ -195,6 +195,12 @@ def test_a_builtins_options_are_checked_at_start_up():
         validate_specs([{"name": "format", "kwargs": {"pattern": "(["}}])
     assert len(validate_specs([{"name": "code_tests", "kwargs": {"timeout_s": 2.0, "allow_code_execution": True}},
                                {"name": "format", "kwargs": {"pattern": "a+"}}])) == 2
+    for option, value, match in [("timeout_s", -1, "a finite number > 0, got -1"),
+                                 ("memory_mb", "lots", "an int > 0, got 'lots'"),
+                                 ("max_procs", 2.5, "an int > 0, got 2.5"),
+                                 ("max_workers", 0, "an int >= 1 or None, got 0")]:
+        with pytest.raises(RewardConfigError, match=f"reward 'code_tests': option '{option}' must be {match}"):
+            validate_specs([{"name": "code_tests", "kwargs": {option: value}}])
     # a function of one's own keeps its **kwargs: options it does not name are not refused
     assert validate_specs([{"name": "gspo_test_rewards:count_ones", "kwargs": {"anything": 1}}])
 

@@ -254,6 +254,13 @@ def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:
     for k in kwargs:
         if k not in known:
             raise RewardConfigError(f"reward {name!r}: unknown option {k!r} (its options: {', '.join(known) or 'none'})")
+    if name == "code_tests":
+        from gspo.rewards.sandbox import check_code_options
+
+        try:
+            check_code_options(kwargs)
+        except ValueError as e:
+            raise RewardConfigError(f"reward 'code_tests': {e}") from None
     if name == "format" and "pattern" in kwargs:
         try:
             make_format_reward(str(kwargs["pattern"]))  # compiles it

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import secrets
@@ -64,9 +65,35 @@ class CodeLimits:
     namespaces: bool = True       # try network/mount/PID (and user) namespaces
 
     def __post_init__(self):
-        for f in ("timeout_s", "memory_mb", "max_file_mb", "max_procs", "workdir_mb", "max_open_files"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"CodeLimits.{f} must be > 0, got {getattr(self, f)!r}")
+        for f in ("timeout_s", *_WHOLE_LIMITS):
+            if (problem := _limit_problem(f, getattr(self, f))):
+                raise ValueError(f"CodeLimits.{f} {problem}")
+
+
+_WHOLE_LIMITS = ("memory_mb", "max_file_mb", "max_procs", "workdir_mb", "max_open_files")
+
+
+def _limit_problem(field: str, value: Any) -> str | None:
+    """Why `value` cannot be the limit `field` (None when it can): sizes and counts are ints."""
+    whole = field in _WHOLE_LIMITS
+    if (isinstance(value, bool) or not isinstance(value, int if whole else numbers.Real)
+            or not math.isfinite(value) or not value > 0):
+        return f"must be {'an int' if whole else 'a finite number'} > 0, got {value!r}"
+    return None
+
+
+def check_code_options(options: dict) -> None:
+    """The `code_tests` options' values, checked at start-up (they are otherwise read at the first
+    rollout): raises ValueError naming the option."""
+    for k in ("timeout_s", "memory_mb", "max_file_mb", "max_procs"):
+        if k in options and (problem := _limit_problem(k, options[k])):
+            raise ValueError(f"option {k!r} {problem}")
+    w = options.get("max_workers")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        raise ValueError(f"option 'max_workers' must be an int >= 1 or None, got {w!r}")
+    if options.get("executor") is not None and not callable(options["executor"]):
+        raise ValueError(f"option 'executor' must be a callable (code, cases, limits) -> CodeResult, "
+                         f"got {options['executor']!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,6 +472,8 @@ def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequen
                          "or a list of such strings")
     if len(tests) != len(completions):
         raise ValueError(f"code_tests: {len(tests)} tests for {len(completions)} completions")
+    check_code_options(dict(timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb, max_procs=max_procs,
+                            max_workers=max_workers, executor=executor))
     limits = CodeLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb, max_procs=max_procs)
     run = executor or run_code_tests
     jobs = []
