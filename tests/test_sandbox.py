@@ -75,6 +75,23 @@ def test_extract_code():
     assert extract_code("```python\nunclosed = 5\n") == "unclosed = 5\n"
 
 
+def test_tests_saved_as_json_text_are_read_as_a_list():
+    """Parquet/CSV datasets often hold the list as a JSON string: run as Python it is one
+    statement that does nothing, and every completion would pass."""
+    seen = []
+
+    def executor(code, cases, limits):
+        seen.append(list(cases))
+        return CodeResult(0.5, "failed")
+
+    tests = ['["assert x == 1", "assert x == 2"]', "  ", " []", "[x] == [1] or None", "assert x"]
+    scores = code_tests_reward(["p"] * 5, ["x = 1"] * 5, tests=tests, allow_code_execution=True, executor=executor)
+    assert scores == [0.5, None, None, 0.5, 0.5]
+    assert seen == [["assert x == 1", "assert x == 2"], ["[x] == [1] or None"], ["assert x"]]
+    with pytest.raises(TypeError, match="tests for sample 0 is a JSON list whose items are not all strings"):
+        code_tests_reward(["p"], ["x = 1"], tests=['["assert x", 2]'], allow_code_execution=True, executor=executor)
+
+
 def test_exit_tricks_do_not_pass():
     scores = _reward(["import sys\nsys.exit(0)", "import os\nos._exit(0)", "def f(:", "raise ValueError('x')"],
                      ["assert False"] * 4)

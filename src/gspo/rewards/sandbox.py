@@ -11,8 +11,9 @@ logged. A wall-clock deadline kills the whole process group (and with it the PID
 
 Test format (`tests` column, one element per completion):
   * a str: Python statements (usually asserts) run after the code; one case, scored 1 or 0;
+    a str that is a JSON list of str (a list column saved as text) is read as that list;
   * a list of str: one case each, score = fraction of cases that pass;
-  * None or []: the sample is not scored (None).
+  * None, [] or a blank str: the sample is not scored (None).
 Cases run in order in the program's namespace, as if appended to the code. A crash, timeout or
 resource kill scores 0.0 (never None); the reason is counted (see `last_reasons()`).
 """
@@ -439,6 +440,28 @@ def _completion_text(completion: Any) -> str:  # a str, or TRL's conversational 
     raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
 
 
+def _test_cases(t: Any, i: int) -> str | list | tuple | None:
+    """One row's `tests` as code_tests reads it. A string that is a JSON list is that list (a
+    list column saved as text, common in parquet and CSV datasets: run as Python it would be one
+    statement that does nothing, and pass); a blank string is no tests."""
+    t = t.tolist() if hasattr(t, "tolist") else t  # numpy/arrow rows
+    if not isinstance(t, (str, list, tuple, type(None))):
+        raise TypeError(f"code_tests: tests for sample {i} must be a str or a list of str, got {type(t).__name__}")
+    if isinstance(t, str) and not t.strip():
+        return None
+    if isinstance(t, str) and t.lstrip().startswith("["):
+        try:
+            cases = json.loads(t)
+        except ValueError:
+            return t  # Python that starts with a list
+        if isinstance(cases, list):
+            if not all(isinstance(c, str) for c in cases):
+                raise TypeError(f"code_tests: tests for sample {i} is a JSON list whose items are not all strings "
+                                f"(each must be Python statements): {t[:200]!r}")
+            return cases
+    return t
+
+
 def last_reasons() -> dict[str, int]:
     """Reason counts from the last `code_tests_reward` call in this process."""
     with _LOCK:
@@ -478,9 +501,7 @@ def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequen
     run = executor or run_code_tests
     jobs = []
     for i, (completion, t) in enumerate(zip(completions, tests)):
-        t = t.tolist() if hasattr(t, "tolist") else t  # numpy/arrow rows
-        if not isinstance(t, (str, list, tuple, type(None))):
-            raise TypeError(f"code_tests: tests for sample {i} must be a str or a list of str, got {type(t).__name__}")
+        t = _test_cases(t, i)
         if t:  # None or [] -> not scored
             jobs.append((i, extract_code(_completion_text(completion)), [t] if isinstance(t, str) else [str(c) for c in t]))
     scores: list[float | None] = [None] * len(completions)
