@@ -527,3 +527,30 @@ def test_a_chat_template_without_a_generation_prompt_is_warned_about(char_tokeni
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
     say_no_generation_prompt(rows, tok)
     assert "writes nothing for add_generation_prompt=True" in capsys.readouterr().err
+
+
+def test_chat_template_kwargs_reach_every_rendering(char_tokenizer):
+    """data.chat_template_kwargs (TRL's chat_template_kwargs): Qwen3's enable_thinking=False had no
+    way in; the field was refused as unknown."""
+    from gspo.config import ConfigError, load_config
+    from gspo.data import use_template_kwargs
+    from gspo.rollout.episodes import render
+
+    tok = char_tokenizer.__class__(tokenizer_object=char_tokenizer.backend_tokenizer, unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not "
+                         "enable_thinking %}<think></think>{% endif %}{% endif %}")
+    chat = [{"role": "user", "content": "2+5="}]
+    assert format_prompt(chat, tok) == "<user>2+5=\n<assistant>"
+    cfg = load_config(None, ["data.chat_template_kwargs={enable_thinking: false}"])
+    use_template_kwargs(tok, cfg.data.chat_template_kwargs)
+    assert format_prompt(chat, tok) == "<user>2+5=\n<assistant><think></think>"
+    assert render(tok, chat, None, generation_prompt=True).endswith("<think></think>")  # an episode's turns
+    with pytest.raises(ConfigError, match=r"data\.chat_template_kwargs.*'tools' is apply_chat_template's own"):
+        load_config(None, ["data.chat_template_kwargs={tools: []}"])
+    from gspo.data import template_kwargs
+    from gspo.train.run import build_policy
+
+    _, policy_tok = build_policy(load_config(None, ["tiny.hidden_size=16", "tiny.num_layers=1",
+                                                    "data.chat_template_kwargs={enable_thinking: false}"]))
+    assert template_kwargs(policy_tok) == {"enable_thinking": False}  # training's and gspo eval's tokenizer

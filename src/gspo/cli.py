@@ -45,6 +45,7 @@ def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
     from gspo.config import ConfigError, load_config
+    from gspo.data import use_template_kwargs
     from gspo.data.files import held_out_split
     from gspo.rollout.episodes import episode_schemas
     from gspo.train.evaluate import evaluate, evaluate_episodes
@@ -87,6 +88,7 @@ def cmd_eval(args) -> int:
     check_reward_columns(cfg, rows, held=bool(held))
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
+    use_template_kwargs(tok, cfg.data.chat_template_kwargs)
     schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])
     cap = prompt_cap(cfg, position_limit(model))
     rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held))[: cfg.eval.num_prompts]  # as training does

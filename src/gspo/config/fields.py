@@ -103,6 +103,9 @@ class DataConfig:
                                       "where a learned position table leaves less room beside the completion)")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded); false: file order, each epoch starting where "
                         "the last stopped")
+    chat_template_kwargs: Dict[str, Any] = doc({}, "extra variables for the tokenizer's chat template wherever it "
+                                               "renders (TRL's chat_template_kwargs), e.g. {enable_thinking: false} "
+                                               "for Qwen3")
 
 
 @dataclass

@@ -193,6 +193,10 @@ def validate(cfg: Config) -> None:
         if runs_model_code(fn.name):
             _check(rw.allow_code_execution, "rewards.allow_code_execution",
                    "the code_tests reward runs model-written code: set rewards.allow_code_execution=true to allow it")
+    own = sorted(set(cfg.data.chat_template_kwargs) & {"conversation", "messages", "tools", "documents", "tokenize",
+                                                        "add_generation_prompt", "continue_final_message", "return_dict"})
+    _check(not own, "data.chat_template_kwargs", f"{', '.join(map(repr, own))} is apply_chat_template's own argument, "
+           "which gspo sets; give the template's variables only (e.g. enable_thinking)")
     names = cfg.logging.report_to
     if names == ["none"]:  # TRL's and transformers' words for no tracker, and for every installed one
         names = cfg.logging.report_to = []

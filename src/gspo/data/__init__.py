@@ -59,6 +59,20 @@ def reward_views(prompts: Sequence, completions: Sequence[str]) -> tuple[list, l
     return [v[0] for v in views], [v[1] for v in views]
 
 
+TEMPLATE_KWARGS = "gspo_chat_template_kwargs"  # the tokenizer attribute `use_template_kwargs` sets
+
+
+def use_template_kwargs(tokenizer: Any, kwargs: dict | None) -> None:
+    """Render this tokenizer's chat template with `kwargs` (data.chat_template_kwargs, e.g.
+    Qwen3's enable_thinking=False) wherever gspo renders it: prompts, episodes' turns."""
+    setattr(tokenizer, TEMPLATE_KWARGS, dict(kwargs or {}))
+
+
+def template_kwargs(tokenizer: Any) -> dict:
+    """The extra chat-template variables `use_template_kwargs` gave this tokenizer ({} if none)."""
+    return dict(getattr(tokenizer, TEMPLATE_KWARGS, None) or {})
+
+
 def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | None = None) -> str:
     """The text the policy is conditioned on.
 
@@ -87,7 +101,8 @@ def format_prompt(prompt: str | list[dict], tokenizer: Any, tools: list[dict] | 
     cont = prefill(prompt) is not None
     try:
         text = tokenizer.apply_chat_template(list(prompt), tools=tools or None, tokenize=False,
-                                             add_generation_prompt=not cont, continue_final_message=cont)
+                                             add_generation_prompt=not cont, continue_final_message=cont,
+                                             **template_kwargs(tokenizer))
     except Exception as e:
         raise DataError(f"format_prompt: the tokenizer's chat template failed on {prompt!r:.200}: {e}") from e
     if not isinstance(text, str):  # some versions return a list for batched input

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from gspo.config import ConfigError
-from gspo.data import encode_texts
+from gspo.data import encode_texts, template_kwargs
 from gspo.rollout import Rollout, chunk_seed, left_pad
 from gspo.rollout.tool_calls import ToolCall, ToolParserError
 from gspo.rollout.tools import OUTCOMES, ToolRunner, env_tools, method_schema, tool_schema
@@ -72,7 +72,7 @@ def call_messages(calls: Sequence[ToolCall]) -> list[dict]:
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+                                         add_generation_prompt=generation_prompt, **template_kwargs(tokenizer))
     if not isinstance(text, str):
         raise TypeError(f"apply_chat_template returned {type(text).__name__}, not str")
     return text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from gspo.config import Config, ConfigError
-from gspo.data import DataError, filter_long_prompts, load_rows, prefill
+from gspo.data import DataError, filter_long_prompts, load_rows, prefill, template_kwargs
 from gspo.data.files import held_out_split
 from gspo.rewards.shaping import length_limit
 from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
@@ -139,8 +139,8 @@ def say_no_generation_prompt(rows: list[dict], tok) -> None:
     if chat is None:
         return
     try:
-        with_header, without = (tok.apply_chat_template(list(chat), tokenize=False, add_generation_prompt=g)
-                                for g in (True, False))
+        with_header, without = (tok.apply_chat_template(list(chat), tokenize=False, add_generation_prompt=g,
+                                                        **template_kwargs(tok)) for g in (True, False))
     except Exception:  # noqa: BLE001 (format_prompt reports a template that fails)
         return
     if with_header == without:

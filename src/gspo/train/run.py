@@ -22,7 +22,7 @@ import torch
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import needs_reference, records_routes, runs_model_code
-from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts
+from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts, use_template_kwargs
 from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_reward_columns, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
                                 rows_source, say_held_out)
@@ -133,6 +133,7 @@ def build_policy(cfg: Config, device: torch.device | None = None):
         except ValueError as e:  # peft's own refusal of a target (a Mamba mixer's out_proj, a name that matches nothing)
             raise ConfigError(f"config field 'lora.target_modules': {e}") from e
     set_trainer_mode(model, dropout=m.dropout)  # after every wrapper: one mode for every trainer pass
+    use_template_kwargs(tok, cfg.data.chat_template_kwargs)
     return model, tok
 
 
