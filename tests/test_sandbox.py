@@ -75,6 +75,19 @@ def test_extract_code():
     assert extract_code("```python\nunclosed = 5\n") == "unclosed = 5\n"
 
 
+@pytest.mark.parametrize("text", [
+    "1. The solution:\n   ```python\n   def f(x):\n       return 2 * x\n   ```\n",  # in a markdown list item
+    "```python\nFENCE = '```'\ndef f(x):\n    return 2 * x\n```\n",  # a fence inside the code's strings
+    "```python\ndef f(x):\n    return 2 * x```",  # closed at the end of the last line
+    "<think>try ```python\ndef f(x): return 0\n```</think>\n```python\ndef f(x):\n    return 2 * x\n```",
+])
+def test_extract_code_from_fences_as_models_write_them(text):
+    code = extract_code(text)
+    namespace = {}
+    exec(compile(code, "solution", "exec"), namespace)
+    assert namespace["f"](2) == 4
+
+
 def test_tests_saved_as_json_text_are_read_as_a_list():
     """Parquet/CSV datasets often hold the list as a JSON string: run as Python it is one
     statement that does nothing, and every completion would pass."""

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -419,16 +420,38 @@ def _classify(rc, timed_out, stdout, stderr, nonce, n, lim, features) -> CodeRes
     return result(0.0, "error", f"exited with code {rc} before reporting its test results")
 
 
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of each ``` block, read line by line: a block opens at ``` anywhere in
+    a line (not ```inline``` code) and closes at a line that starts or ends with ``` (so a '```'
+    inside the code's strings does not close it); an unclosed block runs to the end."""
+    blocks, lang, body = [], None, []
+    for line in text.splitlines(keepends=True):
+        if lang is None:
+            at = line.find("```")
+            if at >= 0 and "```" not in line[at + 3 :]:
+                lang, body = re.match(r"[ \t]*([\w+-]*)", line[at + 3 :]).group(1), []
+            continue
+        stripped = line.strip()
+        if stripped.startswith("```") or stripped.endswith("```"):
+            if not stripped.startswith("```"):  # code```: the code before it is the block's last line
+                body.append(line.rstrip()[:-3] + "\n")
+            blocks.append((lang, "".join(body)))
+            lang = None
+        else:
+            body.append(line)
+    if lang is not None:
+        blocks.append((lang, "".join(body)))
+    return blocks
 
 
 def extract_code(text: str) -> str:
-    """The last ```python (or ```py) block; else the last unlabeled ``` block; else all of `text`."""
-    blocks = _FENCE.findall(text)
+    """The last ```python (or ```py) block; else the last unlabeled ``` block; else all of `text`.
+    A block is dedented (a fence inside a markdown list item is indented with its code)."""
+    blocks = _fenced_blocks(text)
     for wanted in (("python", "py", "python3"), ("",)):
         found = [body for lang, body in blocks if lang.lower() in wanted]
         if found:
-            return found[-1]
+            return textwrap.dedent(found[-1])
     return text
 
 
