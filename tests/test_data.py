@@ -554,3 +554,16 @@ def test_chat_template_kwargs_reach_every_rendering(char_tokenizer):
     _, policy_tok = build_policy(load_config(None, ["tiny.hidden_size=16", "tiny.num_layers=1",
                                                     "data.chat_template_kwargs={enable_thinking: false}"]))
     assert template_kwargs(policy_tok) == {"enable_thinking": False}  # training's and gspo eval's tokenizer
+
+
+def test_a_template_that_writes_the_bos_after_a_stray_newline_gets_no_second_one():
+    """A template rendering '\\n<s>...' with a tokenizer whose post-processor adds BOS gave the
+    model BOS twice, though prompts get the tokenizer's BOS once."""
+    from artifacts import build_tokenizer
+
+    from gspo.data import encode_texts
+
+    tok = build_tokenizer("llama")  # its post-processor prepends <s>
+    plain, stray = encode_texts(tok, ["hi", "\n<s>[INST] hi [/INST]"])
+    assert plain[0] == tok.bos_token_id and plain.count(tok.bos_token_id) == 1
+    assert stray.count(tok.bos_token_id) == 1

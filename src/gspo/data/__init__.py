@@ -128,12 +128,13 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 
 def _strip_added(full: list[int], bare: list[int]) -> list[int]:
     """`full` = prefix + `bare` + suffix (what a post-processor adds): prefix + bare, without a
-    prefix that `bare` already starts with."""
+    prefix that `bare` already holds at its start (a template that writes the BOS itself, after
+    a stray newline or two at most)."""
     n = len(bare)
     for k in range(len(full) - n + 1):
         if full[k:k + n] == bare:
             prefix = full[:k]
-            return bare if bare[:k] == prefix else prefix + bare
+            return bare if any(bare[j:j + k] == prefix for j in range(3)) else prefix + bare
     return full  # the added tokens merged with the text's own: keep the tokenizer's output
 
 
