@@ -132,6 +132,29 @@ def test_reward_model_batched_scores_equal_one_by_one(chat_rm, plain_rm):
             assert load_scorer(name, {**kw, "batch_size": bs})(PROMPTS, COMPLETIONS) == pytest.approx(one, abs=1e-5)
 
 
+def test_a_row_longer_than_the_models_positions_keeps_its_last_tokens(tmp_path):
+    """GPT-2 has a position table: a row past it was an IndexError at the first rollout."""
+    tok = build_tokenizer("gpt2")
+    torch.manual_seed(2)
+    config = T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=16, num_labels=1,
+                          pad_token_id=tok.eos_token_id)
+    path = _save(tmp_path / "short-rm", T.GPT2ForSequenceClassification(config), tok)
+    rm = load_scorer(f"model:{path}", {"batch_size": 2})
+    prompts, completions = ["a long prompt " * 6, "hi"], ["and its completion " * 3, " there"]
+    with pytest.warns(UserWarning, match=r"longer than the reward model's 16 positions; such rows keep their last 16"):
+        got = rm(prompts, completions)
+    _, ref = _reference(path)
+    for value, p, c in zip(got, prompts, completions):
+        ids = tok(p + c)["input_ids"][-16:]
+        with torch.no_grad():
+            assert value == pytest.approx(ref(input_ids=torch.tensor([ids])).logits[0, 0].item(), abs=1e-5)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        assert rm(prompts, completions) == pytest.approx(got, abs=1e-6)
+
+
 def test_without_a_chat_template_the_texts_are_concatenated_and_label_picks_the_logit(chat_rm, plain_rm):
     prompts, completions = ["2+2=", "Say hi."], ["4", " hi there"]
     tok, ref = _reference(plain_rm)
@@ -222,7 +245,8 @@ def test_bad_reward_model_inputs_are_one_error_at_start_up(tmp_path, saved, chat
         (f"judge:{echo_judge}", {"template": "Rate {prompt}"}, ["kwargs.template", "{completion}"]),
         (f"judge:{echo_judge}", {"regex": "("}, ["kwargs.regex"]),
         (f"judge:{echo_judge}", {"min_score": 5, "max_score": 1}, ["kwargs.min_score"]),
-        (f"model:{_wrong_head(tmp_path, causal)}", {}, ["no weights for score.weight", "at random"]),
+        (f"model:{_wrong_head(tmp_path, causal)}", {}, ["no weights for score.weight", "at random",
+                                                        "AutoModelForSequenceClassification"]),
         (f"model:{_no_tokenizer(tmp_path, chat_rm)}", {}, ["tokenizer"]),
     ]
     for name, kwargs, parts in cases:

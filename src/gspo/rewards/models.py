@@ -1,9 +1,11 @@
 """Reward models as reward functions: `model:PATH_OR_ID` and `judge:PATH_OR_ID`.
 
 - `model:` a sequence-classification reward model (`AutoModelForSequenceClassification`, the
-  kind TRL's RewardTrainer writes). A completion's score is the model's raw logit at the
-  sequence's last token: its single logit (`num_labels == 1`) or the one `kwargs.label` names
-  (an index or a label name). With a chat template the conversation (the prompt, then the
+  kind TRL's RewardTrainer writes). A completion's score is the model's raw logit where its own
+  pooling reads it (a decoder: the last token that is not the pad token, so trailing EOS tokens
+  count as padding when pad falls back to EOS, as in TRL): its single logit (`num_labels == 1`)
+  or the one `kwargs.label` names (an index or a label name). A row longer than the model's
+  positions keeps its last tokens (a warning says so once). With a chat template the conversation (the prompt, then the
   completion as the assistant's turn) is rendered with it; without one the prompt's text and the
   completion's are concatenated.
 - `judge:` a causal LM asked to grade the completion through `kwargs.template` (placeholders
@@ -37,6 +39,7 @@ import numbers
 import os
 import re
 import time
+import warnings
 from typing import Any, Sequence
 
 from gspo.rewards.errors import RewardConfigError
@@ -174,22 +177,37 @@ class ModelScorer:
 
 
 class RewardModel(ModelScorer):
-    """`model:PATH`: the logit `label` of a sequence-classification model at each row's last
-    token (the model's own pooling, which finds it by `pad_id`)."""
+    """`model:PATH`: the logit `label` of a sequence-classification model, where its own pooling
+    reads it (a decoder: each row's last token that is not `pad_id`). A row longer than the
+    model's positions (`max_len`) keeps its last `max_len` tokens, so that the completion is
+    scored (the model would otherwise fail on it); the first time, a warning says so."""
 
     kind = "model"
 
-    def __init__(self, name, model, tokenizer, *, label: int, pad_id: int, **kw):
+    def __init__(self, name, model, tokenizer, *, label: int, pad_id: int, max_len: int | None = None, **kw):
         super().__init__(name, model, tokenizer, **kw)
-        self.label, self.pad_id = label, pad_id
+        self.label, self.pad_id, self.max_len = label, pad_id, max_len
+        self._warned = False
 
     def encode(self, prompts, completions):
         if self.chat:
             texts = [self.tokenizer.apply_chat_template(as_messages(p, "user") + as_messages(c, "assistant"),
                                                         tokenize=False) for p, c in zip(prompts, completions)]
-            return self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # the template wrote them
-        texts = [plain_text(p) + plain_text(c) for p, c in zip(prompts, completions)]
-        return self.tokenizer(texts)["input_ids"]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # the template wrote them
+        else:
+            ids = self.tokenizer([plain_text(p) + plain_text(c) for p, c in zip(prompts, completions)])["input_ids"]
+        return self._truncate(ids)
+
+    def _truncate(self, ids: list[list[int]]) -> list[list[int]]:
+        if self.max_len is None or all(len(s) <= self.max_len for s in ids):
+            return ids
+        if not self._warned:
+            self._warned = True
+            longest = max(len(s) for s in ids)
+            warnings.warn(f"reward {self.name!r}: a prompt + completion of {longest} tokens is longer than the reward "
+                          f"model's {self.max_len} positions; such rows keep their last {self.max_len} tokens (the "
+                          f"start of the prompt is cut), here and from now on", stacklevel=2)
+        return [s[-self.max_len :] for s in ids]
 
     def score_ids(self, ids):
         input_ids, mask = right_pad(ids, self.pad_id, self.device)              # (B, L)
@@ -271,7 +289,18 @@ def load_scorer(name: str, kwargs: dict | None = None) -> ModelScorer:
         raise RewardConfigError(f"{what}: neither the model nor its tokenizer has a pad or EOS token to pad "
                                 "batches with; set kwargs.batch_size=1")
     model.config.pad_token_id = text_config.pad_token_id = pad  # the model's pooling finds each row's end by it
-    return RewardModel(name, model, tok, label=label, pad_id=0 if pad is None else pad, **common)
+    return RewardModel(name, model, tok, label=label, pad_id=0 if pad is None else pad,
+                       max_len=_max_positions(text_config, tok), **common)
+
+
+def _max_positions(text_config, tok) -> int | None:
+    """The longest row the model takes: its position table (GPT-2's `n_positions`, BERT's
+    `max_position_embeddings`), or the tokenizer's `model_max_length` when that is less (RoBERTa's
+    table holds two offset rows); None when neither says."""
+    limits = [getattr(text_config, k, None) for k in ("n_positions", "max_position_embeddings")]
+    limits.append(getattr(tok, "model_max_length", None))
+    limits = [v for v in limits if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10**9]  # (a "no limit" sentinel)
+    return min(limits) if limits else None
 
 
 def _options(kwargs: dict, defaults: dict, what: str) -> dict:
@@ -395,7 +424,7 @@ def _load_model(auto_class, source: str, config, o: dict, path: str, what: str):
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         raise RewardConfigError(f"{what}: the checkpoint at {path!r} has no weights for {shown}; they would start "
-                                f"at random (is it a {auto_class.__name__.removeprefix('Auto')} checkpoint?)")
+                                f"at random (is it a checkpoint {auto_class.__name__} loads?)")
     return model.to(o["device"]).eval().requires_grad_(False)
 
 
