@@ -226,6 +226,7 @@ def _load_adapter(path: str, **load):
         model = peft.PeftModel.from_pretrained(model, path)
     except RuntimeError as e:  # torch's "size mismatch for ...": the adapter was trained on another model
         first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e)[:300])
+        first = first.rstrip(".")
         raise ModelError(f"model path {path!r} is a LoRA adapter that does not fit the base model its "
                          f"adapter_config.json names ({base!r}): {first}; set base_model_name_or_path to the "
                          f"model it was trained on") from None
