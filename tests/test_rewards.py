@@ -164,8 +164,12 @@ def test_validate_specs_keys_and_errors():
     assert keys == ["format", "format_2", "exact_answer"]
     with pytest.raises(RewardConfigError, match="weight"):
         validate_specs([RewardSpec("format", weight=float("nan"))])
-    with pytest.raises(RewardConfigError, match="weight must be a finite number within float32's range"):
+    with pytest.raises(RewardConfigError, match="weight must be a finite number within float32's range") as e:
         validate_specs([RewardSpec("format", weight=1e39)])
+    assert e.value.field == "weight"  # so that a config error names rewards.functions[i].weight
+    with pytest.raises(RewardConfigError, match="unknown option") as e:
+        validate_specs([RewardSpec("format", kwargs={"patern": "x"})])
+    assert e.value.field == "kwargs"
 
 
 def a(prompts, completions, **kwargs):

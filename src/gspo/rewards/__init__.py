@@ -200,10 +200,10 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
         fn = _resolve_spec(s)
         if (isinstance(s.weight, bool) or not isinstance(s.weight, numbers.Real) or not math.isfinite(s.weight)
                 or abs(s.weight) > _FLOAT32_MAX):
-            raise RewardConfigError(f"reward {s.short_name!r}: weight must be a finite number within float32's "
-                                    f"range (rewards are float32), got {s.weight!r}")
+            raise _in_field("weight", f"reward {s.short_name!r}: weight must be a finite number within float32's "
+                                      f"range (rewards are float32), got {s.weight!r}")
         if not isinstance(s.kwargs, dict):
-            raise RewardConfigError(f"reward {s.short_name!r}: kwargs must be a dict, got {s.kwargs!r}")
+            raise _in_field("kwargs", f"reward {s.short_name!r}: kwargs must be a dict, got {s.kwargs!r}")
         if isinstance(s.name, str) and s.name in BUILTIN_REWARDS:
             _check_builtin_options(s.name, fn, s.kwargs)
         resolved.append((fn, s))
@@ -241,6 +241,14 @@ def builtin_options(name: str) -> list[str]:
             and p.name not in ("prompts", "completions", *BUILTIN_COLUMNS[name])]
 
 
+def _in_field(field: str, message: str) -> RewardConfigError:
+    """The error, with the RewardSpec field at fault as `.field` ("weight", "kwargs"; an error
+    without one is about the name), so that a config error can name `rewards.functions[i].weight`."""
+    e = RewardConfigError(message)
+    e.field = field
+    return e
+
+
 def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:
     """A built-in reward's options are its named parameters: a misspelt one would otherwise vanish
     into **kwargs, and a `format` pattern that is not a regular expression would fail only at
@@ -253,19 +261,19 @@ def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:
              and p.name not in ("prompts", "completions")]
     for k in kwargs:
         if k not in known:
-            raise RewardConfigError(f"reward {name!r}: unknown option {k!r} (its options: {', '.join(known) or 'none'})")
+            raise _in_field("kwargs", f"reward {name!r}: unknown option {k!r} (its options: {', '.join(known) or 'none'})")
     if name == "code_tests":
         from gspo.rewards.sandbox import check_code_options
 
         try:
             check_code_options(kwargs)
         except ValueError as e:
-            raise RewardConfigError(f"reward 'code_tests': {e}") from None
+            raise _in_field("kwargs", f"reward 'code_tests': {e}") from None
     if name == "format" and "pattern" in kwargs:
         try:
             make_format_reward(str(kwargs["pattern"]))  # compiles it
         except re.error as e:
-            raise RewardConfigError(f"reward 'format': option 'pattern' {kwargs['pattern']!r} is not a regular "
+            raise _in_field("kwargs", f"reward 'format': option 'pattern' {kwargs['pattern']!r} is not a regular "
                                     f"expression ({e})") from None
 
 
