@@ -388,3 +388,20 @@ def test_evaluation_drops_a_stop_token_the_tokenizer_keeps_as_text_as_training_d
     assert not set(first) & set(tok.all_special_ids)  # plain text: skip_special_tokens keeps it
     model.generation_config.eos_token_id = [*eos_token_ids(model, tok), *first]
     assert greedy_completions(model, tok, prompts, max_new_tokens=4) == ["", ""]
+
+
+def test_a_tokenizer_without_eos_or_pad_pads_with_the_generation_configs_eos(saved, tmp_path):
+    """Some base checkpoints' tokenizers name no EOS while generation_config lists the stop ids:
+    it was refused as having 'neither a pad nor an eos token'."""
+    import shutil
+
+    import transformers as T
+
+    src = tmp_path / "no-eos"
+    shutil.copytree(saved("qwen3"), src)
+    tok = T.AutoTokenizer.from_pretrained(src)
+    tok.eos_token, tok.pad_token = None, None
+    tok.save_pretrained(src)
+    model, tok = load_policy(src, device="cpu")
+    stops = eos_token_ids(model, tok)
+    assert stops and tok.pad_token_id == stops[0] and tok.convert_ids_to_tokens(stops[0]) == "<|im_end|>"

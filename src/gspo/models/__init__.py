@@ -157,9 +157,11 @@ def _ready_tokenizer(tokenizer, model, name: str):
     tokenizer._gspo_brought = {"pad_token": tokenizer.pad_token, "padding_side": tokenizer.padding_side,
                                "gen_pad": None if gen is None else gen.pad_token_id}
     if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ModelError(f"tokenizer of {name!r} has neither a pad nor an eos token")
-        tokenizer.pad_token = tokenizer.eos_token
+        stops = eos_token_ids(model, tokenizer)  # the tokenizer's EOS, else the generation config's
+        if tokenizer.eos_token is None and not stops:
+            raise ModelError(f"tokenizer of {name!r} has neither a pad nor an eos token, and its generation_config "
+                             "names no eos_token_id")
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.convert_ids_to_tokens(stops[0])
     tokenizer.padding_side = "left"
     gen = getattr(model, "generation_config", None)
     if gen is not None and gen.pad_token_id is None:
