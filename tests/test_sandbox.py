@@ -103,6 +103,9 @@ def test_tests_saved_as_json_text_are_read_as_a_list():
     assert seen == [["assert x == 1", "assert x == 2"], ["[x] == [1] or None"], ["assert x"]]
     with pytest.raises(TypeError, match="tests for sample 0 is a JSON list whose items are not all strings"):
         code_tests_reward(["p"], ["x = 1"], tests=['["assert x", 2]'], allow_code_execution=True, executor=executor)
+    with pytest.raises(TypeError, match="tests for sample 1 must be a list of str .*got an item None"):
+        code_tests_reward(["p"] * 2, ["x = 1"] * 2, tests=[["assert x"], ["assert x", None]], allow_code_execution=True,
+                          executor=executor)
 
 
 def test_exit_tricks_do_not_pass():

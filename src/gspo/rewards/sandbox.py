@@ -482,6 +482,9 @@ def _test_cases(t: Any, i: int) -> str | list | tuple | None:
                 raise TypeError(f"code_tests: tests for sample {i} is a JSON list whose items are not all strings "
                                 f"(each must be Python statements): {t[:200]!r}")
             return cases
+    if isinstance(t, (list, tuple)) and not all(isinstance(c, str) for c in t):  # 1 or None would pass as statements
+        raise TypeError(f"code_tests: tests for sample {i} must be a list of str (Python statements), got an item "
+                        f"{next(c for c in t if not isinstance(c, str))!r}")
     return t
 
 
@@ -526,7 +529,7 @@ def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequen
     for i, (completion, t) in enumerate(zip(completions, tests)):
         t = _test_cases(t, i)
         if t:  # None or [] -> not scored
-            jobs.append((i, extract_code(_completion_text(completion)), [t] if isinstance(t, str) else [str(c) for c in t]))
+            jobs.append((i, extract_code(_completion_text(completion)), [t] if isinstance(t, str) else list(t)))
     scores: list[float | None] = [None] * len(completions)
     reasons: collections.Counter = collections.Counter()
     with ThreadPoolExecutor(max(1, min(len(jobs), max_workers or min(8, os.cpu_count() or 1)))) as pool:
