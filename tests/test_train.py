@@ -164,6 +164,7 @@ def test_help_lists_every_field(capsys):
     ("rollout.group_sie=4", "(did you mean 'rollout.group_size'?)"),
     ("output.name=off", "config field 'output.name': YAML read False"),  # the run went to runs/False
     ("rewards.functions=[{name: exact_answer, kwargs: 5}]", "'rewards.functions[0].kwargs': must be a mapping"),
+    ("rewards.functions=[{name: exact_answer, weight: .nan}]", "config field 'rewards.functions[0].weight'"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, override, field, capsys):
     rc, _ = run(tmp_path, override)

@@ -348,7 +348,7 @@ def build_run(cfg: Config) -> Run:
         try:
             validate_specs([spec])
         except RewardConfigError as e:
-            raise ConfigError(f"config field 'rewards.functions[{i}].name': {e}") from None
+            raise ConfigError(f"config field 'rewards.functions[{i}].{getattr(e, 'field', None) or 'name'}': {e}") from None
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     enough_rows(cfg, len(rows))
