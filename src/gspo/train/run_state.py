@@ -116,7 +116,8 @@ def save_final(run) -> Path:
         part = out.with_name("final.partial")
         shutil.rmtree(part, ignore_errors=True)
         try:
-            trained = _weights_dtype(model)
+            # (the weights are read only when final/ has a dtype to be cast to)
+            trained = _weights_dtype(model) if _final_dtype(run, model) is not None else None
             if run.cfg.lora.enabled:
                 model.save_pretrained(part / "adapter", safe_serialization=True)
                 if run.cfg.lora.merge_final:
