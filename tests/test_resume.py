@@ -417,3 +417,23 @@ def test_a_logging_fault_after_an_update_keeps_that_update(tmp_path, straight, m
     gspo_train(tmp_path, "run", "checkpoint.every=0", "resume=auto")
     (ma, _), (mb, _) = final_state(straight), final_state(tmp_path / "run")
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def test_a_resume_follows_the_schedule_it_is_given_from_its_first_step(tmp_path):
+    """A finished cosine run extended by a rollout ran its first new step at the old schedule's
+    last rate, 0 (a lost rollout), though the schedule was said to be stretched; a changed
+    schedule.lr_schedule acted one step late. Unchanged settings keep the saved rates (the
+    resume tests above are bitwise)."""
+    from gspo.config import load_config
+    from gspo.train.run import lr_lambda
+
+    cosine = ["schedule.lr_schedule=cosine", "eval.enabled=false"]
+    gspo_train(tmp_path, "run", *cosine, "schedule.rollouts=2")
+    gspo_train(tmp_path, "run", *cosine, "schedule.rollouts=3", "resume=auto")
+    lrs = {r["step"]: r["lr"] for r in metrics_without_timings(tmp_path / "run") if "lr" in r}
+    stretched = lr_lambda(load_config(None, [*TINY, *cosine, "schedule.rollouts=3"]))
+    assert lrs[5] == pytest.approx(1e-3 * stretched(4)) and lrs[5] > 0 and lrs[6] == pytest.approx(1e-3 * stretched(5))
+    gspo_train(tmp_path, "const", "eval.enabled=false", "schedule.rollouts=2")
+    gspo_train(tmp_path, "const", *cosine, "schedule.rollouts=3", "resume=auto")
+    lrs = {r["step"]: r["lr"] for r in metrics_without_timings(tmp_path / "const") if "lr" in r}
+    assert lrs[4] == 1e-3 and lrs[5] == pytest.approx(1e-3 * stretched(4))

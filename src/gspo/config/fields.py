@@ -240,7 +240,7 @@ class OptimConfig:
     beta1: float = doc(0.9, "AdamW beta1")
     beta2: float = doc(0.999, "AdamW beta2")
     adam_eps: float = doc(1e-8, "AdamW epsilon")
-    max_grad_norm: float = doc(1.0, "clip the global gradient norm to this (0 = off)")
+    max_grad_norm: float = doc(1.0, "clip the global gradient norm to this (0 = off); grad_norm logs the norm before clipping")
     router_lr_scale: float = doc(1.0, "MoE: the routers' learning rate is optim.lr times this (the router weights "
                                  "of every *TopKRouter module; 1 = the same lr as the rest)")
 

@@ -319,7 +319,8 @@ def _add_correction_metrics(acc: dict, m: dict, rows: int) -> None:
 
 
 def _grad_norm(run: Run) -> float:
-    """Global gradient norm (clipped to optim.max_grad_norm); sharded grads are reduced."""
+    """Clip the gradients to optim.max_grad_norm and return their global norm before clipping
+    (logged as grad_norm, as TRL and torch's clip_grad_norm_ report it); sharded grads are reduced."""
     params = [p for p in run.trainer.parameters() if p.grad is not None]
     if not params:
         return 0.0

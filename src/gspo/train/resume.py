@@ -6,8 +6,8 @@
 - A run directory that holds a run is refused without `resume=auto` (one run per directory),
   and so is one another live process is running in (`claim_run_dir`).
 - Settings that differ from the checkpoint's are listed in a warning (`changed_settings`): the
-  optimizer's state and learning-rate schedule come from the checkpoint, so `optim.*` changes
-  do not act. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
+  optimizer's state and learning rate come from the checkpoint, so `optim.*` changes do not
+  act; the learning-rate schedule (`schedule.*`) acts from the checkpoint's step on. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
   fit, is refused before the model loads.
 - The starting weights a run's checkpoints do not hold (LoRA's base, the KL reference) must
   still be the ones at model.name_or_path (`base_weights_fingerprint`, `check_base_weights`).
@@ -106,7 +106,8 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
                           f"which these settings change ({'; '.join(shape)}); start a new run (output.name) instead")
     if changed and d.is_main:
         print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
-              "The optimizer's state and learning-rate schedule (optim.*) come from the checkpoint; "
+              "The optimizer's state and learning rate (optim.*) come from the checkpoint, and the learning-rate "
+              "schedule (schedule.*) acts from the checkpoint's step on; "
               "a changed model, data or batch shape makes this no longer the run it continues", file=sys.stderr)
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if restart:

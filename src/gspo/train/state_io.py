@@ -90,11 +90,20 @@ def scheduler_json(scheduler) -> dict:
 
 
 def load_scheduler_state(scheduler, saved: dict) -> None:
-    # Start from the live state dict so entries we could not store (lr_lambdas, ...) keep the
-    # values the trainer's code just built.
+    """The checkpoint's step count and base learning rates, under the schedule the trainer's
+    code just built (the live lr_lambdas, which a state dict cannot hold): the next step's
+    learning rate is that schedule's at the checkpoint's step, at once. Unchanged settings give
+    the saved rates bit for bit; a schedule stretched over more rollouts, or another
+    schedule.lr_schedule, acts from the first resumed step (it acted one step late, after a
+    step at the old schedule's rate: 0 at a finished cosine's end)."""
     state = scheduler.state_dict()
     state.update(saved["state"])
     scheduler.load_state_dict(state)
+    if hasattr(scheduler, "lr_lambdas"):  # LambdaLR: lr = base_lr * lambda(step)
+        lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        scheduler._last_lr = lrs
 
 
 def _b64(t: torch.Tensor) -> str:
