@@ -500,6 +500,18 @@ def test_entropy_is_logged_on_every_step_null_where_no_row_ran(tmp_path):
     assert steps and all("entropy/mean" in r and r["entropy/mean"] is None for r in steps)
 
 
+def test_the_no_signal_warning_says_what_still_moves_the_weights(tmp_path, capsys):
+    """With an entropy (or KL) term in the loss, equal rewards leave a gradient: the warning said
+    'the loss has no gradient' while the weights moved."""
+    (tmp_path / "flat.py").write_text("def flat(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    flat = f"rewards.functions=[{tmp_path / 'flat.py'}:flat]"
+    assert run(tmp_path, flat, "eval.enabled=false", "algo.entropy_coef=0.1", name="bonus")[0] == 0
+    err = capsys.readouterr().err
+    assert "the policy-gradient term has no gradient (the KL / entropy / router-loss terms still act)" in err
+    assert run(tmp_path, flat, "eval.enabled=false", name="plain")[0] == 0
+    assert "the advantages are all 0 and the loss has no gradient" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("fn, column", [("def f(completions, solution, **kw):\n    return [1.0] * len(completions)\n", "solution"),
                                         ("def f(completions, trainer_state, **kw):\n    return [1.0] * len(completions)\n",
                                          "trainer_state"),

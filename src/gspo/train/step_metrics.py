@@ -177,14 +177,17 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
         return
     run.no_signal_warned = rollout
     recent = run.no_signal[-every:]
+    a = run.cfg.algo  # a KL, entropy or router term still moves the weights: only the policy term is gone
+    term = ("the policy-gradient term has no gradient (the KL / entropy / router-loss terms still act)"
+            if a.kl_coef > 0 or a.entropy_coef > 0 or a.router_aux_loss_coef > 0 else "the loss has no gradient")
     if math.isnan(metrics.get("reward/mean", 0.0)):  # no reward at all (`rollout_metrics`: NaN where none is valid)
         print(f"rollout {rollout}: every reward was missing ({sum(recent)} of the last {len(recent)} rollouts with no "
               "signal): the reward functions returned None, or failed and rewards.on_error left them out "
-              "(reward/errors, reward/timeouts); the loss has no gradient. Check that the data has what they read "
+              f"(reward/errors, reward/timeouts); {term}. Check that the data has what they read "
               "(an 'answer' column for exact_answer and math_verify).", file=sys.stderr, flush=True)
         return
     print(f"rollout {rollout}: every group's rewards were equal ({sum(recent)} of the last {len(recent)} rollouts): "
-          "the advantages are all 0 and the loss has no gradient. Check that the reward functions can tell the "
+          f"the advantages are all 0 and {term}. Check that the reward functions can tell the "
           "completions apart (rewards.functions), that the model can reach a reward at all (a short supervised "
           "warm-up, easier prompts), or raise rollout.group_size / rollout.temperature for more varied groups.",
           file=sys.stderr, flush=True)
