@@ -60,6 +60,7 @@ def test_length_limit_and_default_buffer():
     (["rewards.overlong_penalty=-1"], "rewards.overlong_penalty"),
     (["rewards.overlong_buffer=-1"], "rewards.overlong_buffer"),
     (["rollout.dynamic_sampling_max_rounds=0"], "rollout.dynamic_sampling_max_rounds"),
+    (["rollout.dynamic_sampling_max_rounds=3"], "rollout.dynamic_sampling_max_rounds': is the round budget"),
     (["rollout.dynamic_sampling=true", "rollout.mode=async"], "rollout.dynamic_sampling"),
 ])
 def test_config_rules_name_the_field(overrides, field):

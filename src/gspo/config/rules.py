@@ -8,7 +8,8 @@ import dataclasses
 import math
 import re
 
-from gspo.config.fields import OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, AlgoConfig, Config, ConfigError
+from gspo.config.fields import (OBJECTIVE_CLIP, PAPER_CLIP, TRACKER_NAMES, AlgoConfig, Config, ConfigError,
+                                 RolloutConfig)
 
 
 def runs_model_code(reward_name: str) -> bool:
@@ -231,6 +232,9 @@ def _validate_data_controls(cfg: Config) -> None:
     r, rw = cfg.rollout, cfg.rewards
     _check(r.dynamic_sampling_max_rounds >= 1, "rollout.dynamic_sampling_max_rounds",
            f"must be >= 1 (the first round included; got {r.dynamic_sampling_max_rounds})")
+    _check(r.dynamic_sampling or r.dynamic_sampling_max_rounds == RolloutConfig.dynamic_sampling_max_rounds,
+           "rollout.dynamic_sampling_max_rounds", "is the round budget of rollout.dynamic_sampling, which is off: "
+           "set rollout.dynamic_sampling=true as well, or leave it out")
     _check(not (r.dynamic_sampling and r.mode == "async"), "rollout.dynamic_sampling",
            "is not supported with rollout.mode=async (the generators sample a fixed schedule of rollouts ahead); "
            "use rollout.mode=sync or set rollout.dynamic_sampling=false")
