@@ -523,8 +523,12 @@ def test_a_chat_template_without_a_generation_prompt_is_warned_about(char_tokeni
     rows = [{"prompt": [{"role": "user", "content": "2+5="}]}]
     say_no_generation_prompt(rows, char_tokenizer)
     assert "add_generation_prompt" not in capsys.readouterr().err  # its template opens the assistant turn
-    tok = char_tokenizer.__class__(tokenizer_object=char_tokenizer.backend_tokenizer, unk_token="<unk>")
+    tok = char_tokenizer.__class__(tokenizer_object=char_tokenizer.backend_tokenizer, unk_token="<unk>",
+                                   eos_token="<eos>")
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    say_no_generation_prompt(rows, tok)  # no turn is closed: [/INST] (Llama-2, Mistral) opens the answer
+    assert "add_generation_prompt" not in capsys.readouterr().err
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     say_no_generation_prompt(rows, tok)
     assert "writes nothing for add_generation_prompt=True" in capsys.readouterr().err
 

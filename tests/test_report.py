@@ -196,6 +196,8 @@ def test_cli(tmp_path, capsys):
     assert gspo_main(["report", str(runs[1]), "--out", str(tmp_path / "o3"), "--smooth", "0.9",
                       "--max-completions", "1"]) == 0
     assert (tmp_path / "o3" / "report.html").is_file()
+    with pytest.raises(SystemExit):  # it showed "-1 of 16" and dropped the last completion
+        main([str(runs[1]), "--max-completions", "-1"])
 
 
 def test_missing_matplotlib_names_extra(runs, tmp_path, monkeypatch):

@@ -403,14 +403,19 @@ def test_a_logging_fault_after_an_update_keeps_that_update(tmp_path, straight, m
     real = loop.log_step
 
     def failing(run, sinks, console, state, *a, **kw):
-        if state.rollout == 2:
+        if state.rollout == 2 and run.cfg.output.name == "run":
             raise ValueError("the tracker's server went away")
+        if state.rollout == 3 and run.cfg.output.name == "piped":
+            raise SystemExit(1)  # what rich's console does on a broken pipe (gspo train ... | head)
         return real(run, sinks, console, state, *a, **kw)
 
     monkeypatch.setattr(loop, "log_step", failing)
     monkeypatch.syspath_prepend(str(TESTS))
     rc = main(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0"])
     assert rc != 0 and "went away" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", *TINY, f"output.dir={tmp_path}", "output.name=piped", "checkpoint.every=0", "resume=auto"])
+    assert json.loads((find_resume_checkpoint(tmp_path / "piped") / "trainer_state.json").read_text())["rollout"] == 3
     ck = find_resume_checkpoint(tmp_path / "run")
     assert json.loads((ck / "trainer_state.json").read_text())["rollout"] == 2
     monkeypatch.setattr(loop, "log_step", real)

@@ -538,3 +538,26 @@ def test_a_finite_reward_beyond_float32_is_one_error_naming_it():
         assert r.score(["p", "p"], ["a", "a"], {}).rewards.tolist() == [2.0, 2.0]
         with pytest.raises(RewardError, match=r"sample 1 is 2e\+39 \(huge 1e\+39 x 2\), beyond what float32 holds"):
             r.score(["p", "p"], ["a", "b"], {})
+
+
+def test_code_tests_options_under_a_users_name_and_call_arguments_in_kwargs_are_refused_at_start_up():
+    """A partial of code_tests_reward with a bad option (bound, or in kwargs) failed at the first
+    rollout, as did kwargs that set prompts or completions (given twice to every call)."""
+    import functools
+
+    from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
+    from gspo.rewards.sandbox import code_tests_reward
+
+    bad_bound = functools.partial(code_tests_reward, timeout_s=0)
+    with pytest.raises(RewardConfigError, match="option 'timeout_s'") as e:
+        validate_specs([RewardSpec(name=bad_bound)])
+    assert e.value.field == "kwargs"
+    ok = functools.partial(code_tests_reward, executor=lambda code, cases, limits: None)
+    with pytest.raises(RewardConfigError, match="option 'memory_mb'"):
+        validate_specs([RewardSpec(name=ok, kwargs={"memory_mb": "lots"})])
+    with pytest.raises(RewardConfigError, match="option 'timeout_s'"):
+        validate_specs([RewardSpec(name="gspo.rewards.sandbox:code_tests_reward", kwargs={"timeout_s": -1})])
+    assert validate_specs([RewardSpec(name=ok, kwargs={"timeout_s": 2})])[0][0]
+    with pytest.raises(RewardConfigError, match="kwargs cannot set 'completions'") as e:
+        validate_specs([RewardSpec(name="exact_answer", kwargs={"completions": []})])
+    assert e.value.field == "kwargs"

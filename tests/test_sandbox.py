@@ -101,7 +101,12 @@ def test_tests_saved_as_json_text_are_read_as_a_list():
     scores = code_tests_reward(["p"] * 5, ["x = 1"] * 5, tests=tests, allow_code_execution=True, executor=executor)
     assert scores == [0.5, None, None, 0.5, 0.5]
     assert seen == [["assert x == 1", "assert x == 2"], ["[x] == [1] or None"], ["assert x"]]
-    with pytest.raises(TypeError, match="tests for sample 0 is a JSON list whose items are not all strings"):
+    seen.clear()  # pandas' CSV repr of a list column, and one statement saved as a JSON string
+    tests = ["['assert x == 1']", '"assert x == 2"', "'a' in 'abc'"]
+    assert code_tests_reward(["p"] * 3, ["x = 1"] * 3, tests=tests, allow_code_execution=True,
+                             executor=executor) == [0.5] * 3
+    assert seen == [["assert x == 1"], ["assert x == 2"], ["'a' in 'abc'"]]
+    with pytest.raises(TypeError, match="tests for sample 0 is a list saved as text whose items are not all strings"):
         code_tests_reward(["p"], ["x = 1"], tests=['["assert x", 2]'], allow_code_execution=True, executor=executor)
     with pytest.raises(TypeError, match="tests for sample 1 must be a list of str .*got an item None"):
         code_tests_reward(["p"] * 2, ["x = 1"] * 2, tests=[["assert x"], ["assert x", None]], allow_code_execution=True,

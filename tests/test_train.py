@@ -482,6 +482,15 @@ def test_the_demo_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
     assert "no demo wrote it" in capsys.readouterr().err and (user / "notes.txt").exists()
     assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "output.name=foo"]) == 2
     assert "--out" in capsys.readouterr().err and not (tmp_path / "d").exists() and not Path("foo").exists()
+    mine = tmp_path / "mine"  # a demo's folder survives a typo in an override
+    mine.mkdir()
+    (mine / ".gspo-demo").write_text("")
+    (mine / "summary.json").write_text("{}")
+    assert main(["demo", "--quick", "--out", str(mine), "rollout.group_sise=4"]) == 2
+    assert (mine / "summary.json").exists() and "rollout.group_sise" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert main(["demo", "--quick", "--out", str(tmp_path / "afile")]) == 2
+    assert "a file, not a folder" in capsys.readouterr().err
     old = tmp_path / "old-demo"
     old.mkdir()
     (old / "summary.json").write_text('{"accuracy_before_rl": 0.3}')
@@ -531,3 +540,19 @@ def test_code_tests_without_a_tests_column_is_one_error_before_compute(tmp_path,
     rc, _ = run(tmp_path, "rewards.functions=[code_tests]", "rewards.allow_code_execution=true")
     err = capsys.readouterr().err
     assert rc == 2 and "needs the argument 'tests'" in err, err[-1500:]
+
+
+def test_an_environments_reward_counts_as_a_column_for_the_start_up_check(tmp_path):
+    """The argument check refused `def f(completions, env_reward, **kw)` under rollout.environment,
+    whose env_reward column the trainer adds after the episodes."""
+    from gspo.config import load_config
+    from gspo.data import DataError
+    from gspo.train.prompts import check_named_columns, load_prompt_rows
+
+    (tmp_path / "env.py").write_text("def f(completions, env_reward, **kw):\n    return list(env_reward)\n")
+    reward = f"rewards.functions=[{tmp_path / 'env.py'}:f]"
+    game = load_config(None, ["data.source=guess", "rollout.environment=gspo.tool_tasks:GuessNumber", reward])
+    check_named_columns(game, load_prompt_rows(game)[0])
+    plain = load_config(None, [reward])
+    with pytest.raises(DataError, match="needs the argument 'env_reward'"):
+        check_named_columns(plain, load_prompt_rows(plain)[0])

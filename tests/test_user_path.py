@@ -536,7 +536,16 @@ def test_gspo_eval_with_a_runs_config_says_when_it_evaluates_on_the_training_row
     (tmp_path / "run.yaml").write_text(f"model: {{name_or_path: {saved('qwen3')}}}\ndata: {{source: {data}}}\n")
     capsys.readouterr()
     assert main(["eval", str(saved("qwen3")), "--config", str(tmp_path / "run.yaml"), "--num-prompts", "2"]) == 0
-    assert "holds out no split, so this evaluates on the rows training reads" in capsys.readouterr().err
+    assert "so this evaluates on the rows training reads" in capsys.readouterr().err
+    assert main(["eval", str(saved("qwen3")), str(data), "rewards.functions=[{name: exact_answer, weight: 1e40}]"]) == 2
+    assert "config field 'rewards.functions[0].weight'" in capsys.readouterr().err  # as gspo train names it
+    hub = tmp_path / "hub" / "data"  # a run that trained on a folder's test split holds nothing out either
+    hub.mkdir(parents=True)
+    write_jsonl(hub / "test-00000-of-00001.jsonl", [{"prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(4)])
+    (tmp_path / "split.yaml").write_text(f"model: {{name_or_path: {saved('qwen3')}}}\n"
+                                         f"data: {{source: {hub.parent}, split: test}}\n")
+    assert main(["eval", str(saved("qwen3")), "--config", str(tmp_path / "split.yaml"), "--num-prompts", "2"]) == 0
+    assert "so this evaluates on the rows training reads" in capsys.readouterr().err
 
 
 def test_evaluation_accuracy_is_over_the_prompts_that_got_a_reward(tmp_path, saved, capsys):
@@ -551,6 +560,12 @@ def test_evaluation_accuracy_is_over_the_prompts_that_got_a_reward(tmp_path, sav
                  f"rewards.functions=[{{name: '{tmp_path / 'some.py'}:some'}}]"]) == 0
     m = json.loads(capsys.readouterr().out)
     assert m["eval/accuracy"] == 1.0 and m["eval/missing_frac"] == 0.5 and m["eval/num_prompts"] == 4
+    (tmp_path / "every.py").write_text("def every(prompts, completions, **kw):\n    return [0.5] * len(completions)\n")
+    assert main(["eval", str(saved("qwen3")), str(data), "--num-prompts", "4",
+                 f"rewards.functions=[{{name: '{tmp_path / 'some.py'}:some'}}, "
+                 f"{{name: '{tmp_path / 'every.py'}:every'}}]"]) == 0
+    m = json.loads(capsys.readouterr().out)  # every prompt has a reward (TRL's nansum): none is missing
+    assert m["eval/accuracy"] == 1.0 and m["eval/missing_frac"] == 0.0 and m["eval/reward_mean"] == 1.0
 
 
 def test_gspo_eval_with_no_reward_at_all_prints_json_nulls_and_a_warning(tmp_path, saved, capsys):

@@ -52,7 +52,7 @@ def cmd_eval(args) -> int:
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
     from gspo.train.prompts import check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap
-    from gspo.train.run import episode_tools, hf_generator, load_episode_tools, reward_specs
+    from gspo.train.run import checked_reward_specs, episode_tools, hf_generator, load_episode_tools
     from gspo.rollout import chunk_seed
     from gspo.tasks import TASKS
     from gspo.train.threads import setup_threads
@@ -77,15 +77,17 @@ def cmd_eval(args) -> int:
     cfg = load_config(args.config, overrides)
     if not cfg.data.eval_source and cfg.data.source not in TASKS:  # a config's dataset: its held-out split
         cfg.data.eval_source = cfg.data.source
-        if not held_out_split(cfg.data.source):
-            print(f"warning: data.source {cfg.data.source} holds out no split, so this evaluates on the rows "
-                  "training reads; name held-out data as gspo eval's DATA argument (or data.eval_source)",
-                  file=sys.stderr)
+        split = held_out_split(cfg.data.source)
+        if split in (None, cfg.data.split or "train"):  # (the run trained on the split held-out data would read)
+            print(f"warning: data.source {cfg.data.source} holds out no split but the one training reads, so this "
+                  "evaluates on the rows training reads; name held-out data as gspo eval's DATA argument (or "
+                  "data.eval_source)", file=sys.stderr)
     setup_threads(cfg.threads)
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg, train=False)
     rows = held or rows
     check_reward_columns(cfg, rows, held=bool(held))
+    specs = checked_reward_specs(cfg)  # before the model loads, naming the field
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
     use_template_kwargs(tok, cfg.data.chat_template_kwargs)
@@ -93,7 +95,7 @@ def cmd_eval(args) -> int:
     cap = prompt_cap(cfg, position_limit(model))
     rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held))[: cfg.eval.num_prompts]  # as training does
     rw = cfg.rewards
-    with RewardRunner(reward_specs(cfg), timeout_s=rw.timeout_s, on_error=rw.on_error,
+    with RewardRunner(specs, timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:
         if loaded is None:
             m = evaluate(model, tok, rows, runner, max_new_tokens=cfg.rollout.max_new_tokens,

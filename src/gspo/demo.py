@@ -92,6 +92,10 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
     if placed:
         raise ConfigError(f"config field '{placed[0].split('=', 1)[0].strip()}': the demo's run directory is "
                           f"--out (here {out}); give --out DIR instead")
+    base = DEMO_OVERRIDES + (QUICK_OVERRIDES if quick else [])
+    cfg = load_config(None, [*base, f"output.dir={out.parent}", f"output.name={out.name}", *overrides])  # first:
+    if out.exists() and not out.is_dir():                                  # a typo deletes nothing
+        raise ConfigError(f"--out {out}: a file, not a folder")
     if out.exists() and any(out.iterdir()):
         if not ((out / DEMO_MARK).exists() or _old_demo(out)):
             raise ConfigError(f"--out {out}: the folder is not empty and no demo wrote it (it has no {DEMO_MARK}); "
@@ -99,8 +103,6 @@ def run_demo(out_dir: str | Path = "runs/demo", overrides: list[str] | tuple[str
         shutil.rmtree(out)  # the demo's own directory: start afresh each time
     out.mkdir(parents=True, exist_ok=True)
     (out / DEMO_MARK).write_text("written by gspo demo, which replaces this folder each time it runs\n")
-    base = DEMO_OVERRIDES + (QUICK_OVERRIDES if quick else [])
-    cfg = load_config(None, [*base, f"output.dir={out.parent}", f"output.name={out.name}", *overrides])
     setup_threads(cfg.threads)
     seed_everything(cfg.seed)
 

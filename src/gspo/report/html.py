@@ -441,10 +441,17 @@ def make_report(
 # ----------------------------------------------------------------------------- CLI
 
 
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="training run directories")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: first RUN_DIR)")
-    parser.add_argument("--max-completions", type=int, default=50, help="sample completions shown per run")
+    parser.add_argument("--max-completions", type=_count, default=50, help="sample completions shown per run")
     parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1) for noisy curves, e.g. 0.9")
     return parser
 

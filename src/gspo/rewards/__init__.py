@@ -204,8 +204,14 @@ def validate_specs(specs: Sequence[RewardSpec | str | dict]) -> list[tuple[str, 
                                       f"range (rewards are float32), got {s.weight!r}")
         if not isinstance(s.kwargs, dict):
             raise _in_field("kwargs", f"reward {s.short_name!r}: kwargs must be a dict, got {s.kwargs!r}")
+        clash = sorted({"prompts", "completions"} & set(s.kwargs))
+        if clash:
+            raise _in_field("kwargs", f"reward {s.short_name!r}: kwargs cannot set {clash[0]!r}, which every call "
+                                      "passes itself")
         if isinstance(s.name, str) and s.name in BUILTIN_REWARDS:
             _check_builtin_options(s.name, fn, s.kwargs)
+        else:
+            _check_wrapped_code_options(s, fn)
         resolved.append((fn, s))
     own = {s.short_name for _, s in resolved}  # suffixed keys keep clear of these
     out, used = [], set()
@@ -247,6 +253,21 @@ def _in_field(field: str, message: str) -> RewardConfigError:
     e = RewardConfigError(message)
     e.field = field
     return e
+
+
+def _check_wrapped_code_options(s: RewardSpec, fn: Callable) -> None:
+    """code_tests under another name (`functools.partial(code_tests_reward, ...)`, its dotted
+    path): the options bound in the partial and given in kwargs, checked as the built-in's are."""
+    bound = {}
+    while isinstance(fn, functools.partial):
+        bound, fn = {**fn.keywords, **bound}, fn.func
+    if getattr(fn, "__module__", None) == "gspo.rewards.sandbox" and getattr(fn, "__name__", "") == "code_tests_reward":
+        from gspo.rewards.sandbox import check_code_options
+
+        try:
+            check_code_options({**bound, **s.kwargs})
+        except ValueError as e:
+            raise _in_field("kwargs", f"reward {s.short_name!r} (code_tests): {e}") from None
 
 
 def _check_builtin_options(name: str, fn: Callable, kwargs: dict) -> None:

@@ -20,6 +20,7 @@ resource kill scores 0.0 (never None); the reason is counted (see `last_reasons(
 
 from __future__ import annotations
 
+import ast
 import collections
 import dataclasses
 import json
@@ -463,24 +464,37 @@ def _completion_text(completion: Any) -> str:  # a str, or TRL's conversational 
     raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
 
 
+def _literal(text: str) -> Any:
+    """`text` read as a JSON value, else as a Python literal (pandas writes a list column to CSV
+    as its repr, ['assert f(1) == 2']); None when it is neither (Python code that starts so)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
 def _test_cases(t: Any, i: int) -> str | list | tuple | None:
-    """One row's `tests` as code_tests reads it. A string that is a JSON list is that list (a
-    list column saved as text, common in parquet and CSV datasets: run as Python it would be one
-    statement that does nothing, and pass); a blank string is no tests."""
+    """One row's `tests` as code_tests reads it. A string that is a list or a string saved as
+    text (JSON, or a Python repr as pandas writes a list column to CSV) is that list or string:
+    run as Python it would be one expression that does nothing, and pass. A blank string is no
+    tests."""
     t = t.tolist() if hasattr(t, "tolist") else t  # numpy/arrow rows
     if not isinstance(t, (str, list, tuple, type(None))):
         raise TypeError(f"code_tests: tests for sample {i} must be a str or a list of str, got {type(t).__name__}")
     if isinstance(t, str) and not t.strip():
         return None
-    if isinstance(t, str) and t.lstrip().startswith("["):
-        try:
-            cases = json.loads(t)
-        except ValueError:
-            return t  # Python that starts with a list
+    if isinstance(t, str) and t.lstrip()[:1] in ("[", "'", '"'):  # a list or a string, saved as text
+        cases = _literal(t)
+        if isinstance(cases, str):  # one quoted statement: run unquoted (quoted, it is a no-op that passes)
+            return cases
         if isinstance(cases, list):
             if not all(isinstance(c, str) for c in cases):
-                raise TypeError(f"code_tests: tests for sample {i} is a JSON list whose items are not all strings "
-                                f"(each must be Python statements): {t[:200]!r}")
+                raise TypeError(f"code_tests: tests for sample {i} is a list saved as text whose items are not all "
+                                f"strings (each must be Python statements): {t[:200]!r}")
             return cases
     if isinstance(t, (list, tuple)) and not all(isinstance(c, str) for c in t):  # 1 or None would pass as statements
         raise TypeError(f"code_tests: tests for sample {i} must be a list of str (Python statements), got an item "

@@ -60,8 +60,10 @@ def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> tuple[tor
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
              generator=None, complete=None, seed: int = 0) -> dict:
-    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked,
-    over the prompts that got a reward (`eval/missing_frac`: those that did not, e.g. no answer).
+    """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked.
+    Accuracy (the first reward function's value >= 1) and pass@k are over the prompts that
+    function scored; the mean reward over those any function scored (`eval/missing_frac`: the
+    prompts none did, e.g. no answer).
     `complete(texts, pass_k) -> (greedy, samples or None, samples per prompt)` computes the
     completions elsewhere (async mode: on a generator); by default `model` and `generator` here."""
     texts = [format_prompt(r["prompt"], tokenizer) for r in rows]
@@ -75,10 +77,11 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
 
     comps, samples, n = complete(texts, pass_k)
     total, first, failed = _score(runner, rows, comps, 1)
-    scored = ~torch.isnan(first)  # a prompt whose reward is missing (no answer) is neither right nor wrong
+    scored = ~torch.isnan(first)  # a prompt the first function did not score (no answer) is neither right nor wrong
     ok = first[scored] >= 1.0 - 1e-9
     m = {"eval/accuracy": ok.float().mean().item() if scored.any() else float("nan"),
-         "eval/reward_mean": torch.nanmean(total).item(), "eval/missing_frac": 1.0 - scored.float().mean().item()}
+         "eval/reward_mean": torch.nanmean(total).item(),
+         "eval/missing_frac": torch.isnan(total).float().mean().item()}  # no function scored it (TRL's nansum)
     if failed:
         m["eval/reward_failures"] = failed
     if samples is not None:

@@ -420,7 +420,8 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 try:
                     log_step(run, sinks, console, state, scored, steps,         # 3. log
                              {**info, "time/step": time.perf_counter() - t_step}, eval_metrics)
-                except Exception:  # a tracker or the console failed after the update: keep it
+                except BaseException:  # a tracker or the console failed after the update (rich's
+                    # SystemExit on a broken pipe too): keep the update
                     if not d.enabled:  # (one process alone: a save is collective under torchrun)
                         run_state.save_run(run, state)
                     raise

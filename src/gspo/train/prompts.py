@@ -6,6 +6,7 @@ fit data.max_prompt_tokens (`fitting_prompts`). Training (`gspo.train.run.build_
 
 from __future__ import annotations
 
+import re
 import sys
 
 from gspo.config import Config, ConfigError
@@ -132,9 +133,9 @@ def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | No
 
 
 def say_no_generation_prompt(rows: list[dict], tok) -> None:
-    """A warning where the chat template writes nothing for add_generation_prompt=True: prompts
-    then end without the assistant's header, and the model writes it into its completion, where
-    rewards read it."""
+    """A warning where the chat template writes nothing for add_generation_prompt=True and its
+    rendering ends by closing a turn (an EOS or end-of-turn token): prompts then end without the
+    assistant's header, and the model writes it into its completion, where rewards read it."""
     chat = next((r["prompt"] for r in rows if isinstance(r["prompt"], list) and prefill(r["prompt"]) is None), None)
     if chat is None:
         return
@@ -143,7 +144,10 @@ def say_no_generation_prompt(rows: list[dict], tok) -> None:
                                                         **template_kwargs(tok)) for g in (True, False))
     except Exception:  # noqa: BLE001 (format_prompt reports a template that fails)
         return
-    if with_header == without:
+    tail = with_header.rstrip()  # a turn left closed (Llama-2's and Mistral's end with [/INST], which opens one)
+    closers = {t for t in getattr(tok, "all_special_tokens", ()) if re.search(r"end|eot", t, re.I)} | {tok.eos_token}
+    closers.discard(None)
+    if with_header == without and any(tail.endswith(t) for t in closers):
         name = getattr(tok, "name_or_path", "") or type(tok).__name__
         print(f"warning: the chat template of {name} writes nothing for add_generation_prompt=True, so prompts end "
               "without the assistant's header and the model writes it into each completion (rewards read it): "
@@ -186,6 +190,8 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
     from gspo.rewards.sandbox import code_tests_reward
 
     columns = {k for r in rows for k in r} - {"prompt"}
+    if cfg.rollout.environment:  # the trainer adds the environment's own reward after the episodes
+        columns.add("env_reward")
     for i, f in enumerate(cfg.rewards.functions):
         if f.name.startswith(("model:", "judge:")) or not rows:
             continue

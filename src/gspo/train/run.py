@@ -70,6 +70,18 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
     return specs
 
 
+def checked_reward_specs(cfg: Config) -> list[RewardSpec]:
+    """`reward_specs`, each resolved now (a reward model loads here, once), before the policy
+    loads: an error names the field at fault, rewards.functions[i].name, .weight or .kwargs."""
+    specs = reward_specs(cfg)
+    for i, spec in enumerate(specs):
+        try:
+            validate_specs([spec])
+        except RewardConfigError as e:
+            raise ConfigError(f"config field 'rewards.functions[{i}].{getattr(e, 'field', None) or 'name'}': {e}") from None
+    return specs
+
+
 def opt_in_code_tests(cfg: Config, i: int, spec: RewardSpec) -> None:
     """The code_tests reward under another name (`functools.partial(code_tests_reward,
     executor=...)`, docs/code_execution.md, or its dotted path) runs model-written code as well:
@@ -343,12 +355,7 @@ def build_run(cfg: Config) -> Run:
     run_dir = cfg.run_dir
     check_writable(run_dir)                                              # output dir
     lock = claim_run_dir(run_dir, d)
-    specs = reward_specs(cfg)
-    for i, spec in enumerate(specs):                                     # reward names
-        try:
-            validate_specs([spec])
-        except RewardConfigError as e:
-            raise ConfigError(f"config field 'rewards.functions[{i}].{getattr(e, 'field', None) or 'name'}': {e}") from None
+    specs = checked_reward_specs(cfg)                                    # reward names
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     enough_rows(cfg, len(rows))
