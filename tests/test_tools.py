@@ -477,3 +477,23 @@ def test_an_episodes_turns_reach_rewards_without_special_tokens_as_a_single_turn
         ro = run_episodes(gen, tok, [[{"role": "user", "content": "what is 40+2?"}]], 1, tools=[add],
                           runner=runner, parser=parse_hermes, max_turns=2, max_tokens=100)
     assert ro.completions == ["42"] and ro.turns[0] == [{"role": "assistant", "content": "42"}]
+
+
+def squares(n: int) -> str:
+    """The squares of 0..n-1, worked out by a process pool.
+
+    Args:
+        n: how many
+    """
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        return str(pool.map(abs, [i * i for i in range(n)]))
+
+
+def test_a_tool_may_start_a_process_pool():
+    """Tool workers were daemonic, and a daemonic process may not have children: a tool that
+    used a Pool failed with 'daemonic processes are not allowed to have children'."""
+    with ToolRunner([squares], num_workers=1, timeout_s=60) as runner:
+        (reply,) = runner.run([ToolCall("squares", {"n": 4})])
+    assert (reply.outcome, reply.content) == ("ok", "[0, 1, 4, 9]")

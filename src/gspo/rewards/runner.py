@@ -8,19 +8,15 @@ run in this process instead (`gspo.rewards.models`).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import dataclasses
 import inspect
 import math
 import multiprocessing as mp
 import numbers
 import os
-import signal
-import sys
 import time
 import traceback
 import warnings
-import weakref
 from multiprocessing.connection import wait as _wait_conns
 from typing import Any, Sequence
 
@@ -29,6 +25,8 @@ import torch
 from gspo.config import RewardsConfig
 from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
 from gspo.rewards.models import DeadlineExceeded, ModelScorer
+from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
+                                  end_if_orphaned, kill_worker)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,8 +142,7 @@ def _worker_main(conn, functions, parent_pid: int) -> None:
     while True:
         # Poll with a timeout so an orphaned worker (parent SIGKILLed) exits by itself.
         if not conn.poll(1.0):
-            if os.getppid() != parent_pid:
-                os.killpg(0, signal.SIGKILL)  # with whatever the functions left running
+            end_if_orphaned(parent_pid)  # with whatever the functions left running
             continue
         try:
             msg = conn.recv()
@@ -177,63 +174,7 @@ class RewardResult:
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
-_LIVE_RUNNERS: "weakref.WeakSet[RewardRunner]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_runners() -> None:
-    for runner in list(_LIVE_RUNNERS):
-        runner.close()
-
-
 _START_TIMEOUT_S = 300.0
-
-
-def _default_start_method() -> str:
-    if sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods():
-        return "fork"  # functions defined in __main__ or a test module work as they are
-    return "spawn"
-
-
-def ignore_stop_signals() -> None:
-    """In a worker process: SIGINT and SIGTERM, which reach a whole process group, are the parent's."""
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)
-
-
-def _no_op(signum, frame) -> None:
-    pass
-
-
-def _default_stop_signals() -> None:
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_DFL)
-
-
-def detach_from_stop_signals() -> None:
-    """In a reward worker: its own process group, so that a terminal's Ctrl-C or a SIGTERM to the
-    job's group does not reach it or what its functions start, and one killpg ends them all.
-    SIGINT and SIGTERM sent to it directly (systemd and Slurm signal every process) are caught
-    and dropped; unlike SIG_IGN, a handler is not inherited across exec, and forked children
-    (multiprocessing pools) get the default back, so they stay stoppable."""
-    os.setpgrp()
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, _no_op)
-    os.register_at_fork(after_in_child=_default_stop_signals)
-
-
-def kill_worker(proc, conn, group: bool = False) -> None:
-    """SIGKILL a worker process (a hung one cannot be asked) and close its pipe; with `group`,
-    its whole process group (`detach_from_stop_signals`): the processes its functions started."""
-    if group:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):  # gone, or never made its group
-            pass
-    if proc.is_alive():
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.join()
-    conn.close()
 
 
 def _whole_group_chunks(prompts: list, k: int) -> list[tuple[int, int]]:
@@ -301,10 +242,10 @@ class RewardRunner:
         if all(self._in_process):
             num_workers = 0
         self.timeout_s, self.on_error, self.num_workers = float(timeout_s), on_error, num_workers
-        self._ctx = mp.get_context(start_method or _default_start_method())
+        self._ctx = mp.get_context(start_method or default_start_method())
         self._workers: list[Any] = [None] * num_workers  # (process, connection) pairs
         self._closed, self._call_id = False, 0
-        _LIVE_RUNNERS.add(self)  # before any worker starts: a non-daemon one must never outlive us
+        close_at_exit(self)  # before any worker starts: a non-daemon one must never outlive us
         try:
             for w in range(num_workers):
                 self._start_worker(w)
@@ -354,7 +295,7 @@ class RewardRunner:
                 self._send(w, ("stop",))
                 self._workers[w][0].join(timeout=1.0)
                 self._kill_worker(w)
-        _LIVE_RUNNERS.discard(self)
+        closed(self)
 
     def _send(self, w: int, msg: tuple) -> bool:
         try:

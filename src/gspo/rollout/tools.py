@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from gspo.rewards import RewardConfigError, _import_attr
-from gspo.rewards.runner import _default_start_method, ignore_stop_signals, kill_worker
+from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
+                                  end_if_orphaned, kill_worker)
 from gspo.rollout.tool_calls import ToolCall, ToolConfigError
 
 OUTCOMES = ("ok", "error", "timeout", "malformed", "unknown", "bad_return")
@@ -175,13 +176,12 @@ class _Host:
 
 
 def _worker_main(conn, tools: dict, env_class, parent_pid: int) -> None:
-    ignore_stop_signals()  # the parent decides what happens on Ctrl-C or a SIGTERM to the group
+    detach_from_stop_signals()  # the trainer decides what happens on Ctrl-C or a SIGTERM to the job
     host = _Host(tools, env_class)
     conn.send("ready")
     while True:
         if not conn.poll(1.0):
-            if os.getppid() != parent_pid:
-                return  # orphaned
+            end_if_orphaned(parent_pid)  # with whatever the tools left running
             continue
         try:
             msg = conn.recv()
@@ -241,19 +241,24 @@ class ToolRunner:
         self.env_class = env_class
         self.env_methods = {fn.__name__ for fn in env_tools(env_class)}
         self.timeout_s, self.num_workers = float(timeout_s), int(num_workers)
-        self._ctx = mp.get_context(_default_start_method())
+        self._ctx = mp.get_context(default_start_method())
         self._workers: list = [None] * self.num_workers
         self._local = _Host(self.tools, env_class) if self.num_workers == 0 else None
         self._next_id = 0
         self._homes: dict[int, set] = {w: set() for w in range(self.num_workers)}  # episodes per worker
         self.lost: set[int] = set()
-        for w in range(self.num_workers):
-            self._start(w)
+        close_at_exit(self)  # before any worker starts: a non-daemon one must never outlive us
+        try:
+            for w in range(self.num_workers):
+                self._start(w)
+        except BaseException:
+            self.close()
+            raise
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_worker_main, args=(child, self.tools, self.env_class, os.getpid()),
-                                 name=f"gspo-tool-{w}", daemon=True)
+                                 name=f"gspo-tool-{w}", daemon=False)  # a tool may start a Pool; close() stops it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             proc.start()
@@ -263,7 +268,7 @@ class ToolRunner:
         self._workers[w] = (proc, parent)
 
     def _kill(self, w: int) -> None:
-        kill_worker(*self._workers[w])
+        kill_worker(*self._workers[w], group=True)
         self._workers[w] = None
         self.lost |= self._homes[w]  # their environments went with the worker
         self._homes[w] = set()
@@ -277,12 +282,19 @@ class ToolRunner:
                     pass
                 self._workers[w][0].join(timeout=1.0)
                 self._kill(w)
+        closed(self)
 
     def __enter__(self) -> "ToolRunner":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __del__(self) -> None:  # (a non-daemon worker of a runner nobody closed would hold up exit)
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def _requests(self, reqs: list[tuple[int, str, tuple]]) -> list[tuple[str, Any]]:
         """(worker, op, args) requests -> (status, value) replies in order; status 'timeout' or

@@ -50,7 +50,7 @@ def serve(cfg: Config) -> None:
     ranks sample them, and their shards, put together into this process's whole model."""
     from gspo.models import resolve_device
     from gspo.models.routing import RouteTracker, find_routers
-    from gspo.rewards.runner import ignore_stop_signals
+    from gspo.rewards.workers import ignore_stop_signals
     from gspo.train.distributed import Dist
     from gspo.train.run import _vllm_generator, build_policy, episode_tools, hf_generator, play_episodes, seed_everything
     from gspo.train.threads import setup_threads
