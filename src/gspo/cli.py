@@ -52,7 +52,8 @@ def cmd_eval(args) -> int:
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
     from gspo.train.prompts import check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap
-    from gspo.train.run import checked_reward_specs, episode_tools, hf_generator, load_episode_tools
+    from gspo.train.reward_specs import checked_reward_specs
+    from gspo.train.run import episode_tools, hf_generator, load_episode_tools
     from gspo.rollout import chunk_seed
     from gspo.tasks import TASKS
     from gspo.train.threads import setup_threads

@@ -255,13 +255,26 @@ def _in_field(field: str, message: str) -> RewardConfigError:
     return e
 
 
-def _check_wrapped_code_options(s: RewardSpec, fn: Callable) -> None:
-    """code_tests under another name (`functools.partial(code_tests_reward, ...)`, its dotted
-    path): the options bound in the partial and given in kwargs, checked as the built-in's are."""
+def unwrapped(fn: Callable) -> tuple[Callable, dict]:
+    """A `functools.partial`'s innermost function and the keywords bound on the way to it
+    (`fn` itself and {} for anything else)."""
     bound = {}
     while isinstance(fn, functools.partial):
         bound, fn = {**fn.keywords, **bound}, fn.func
-    if getattr(fn, "__module__", None) == "gspo.rewards.sandbox" and getattr(fn, "__name__", "") == "code_tests_reward":
+    return fn, bound
+
+
+def is_code_tests(fn: Callable) -> bool:
+    """Whether `fn` is the code_tests reward, under any name (a partial of it, its import path)."""
+    fn = unwrapped(fn)[0]
+    return getattr(fn, "__module__", None) == "gspo.rewards.sandbox" and getattr(fn, "__name__", "") == "code_tests_reward"
+
+
+def _check_wrapped_code_options(s: RewardSpec, fn: Callable) -> None:
+    """code_tests under another name (`functools.partial(code_tests_reward, ...)`, its dotted
+    path): the options bound in the partial and given in kwargs, checked as the built-in's are."""
+    fn, bound = unwrapped(fn)
+    if is_code_tests(fn):
         from gspo.rewards.sandbox import check_code_options
 
         try:

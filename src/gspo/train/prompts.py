@@ -183,11 +183,9 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
     """A reward function's required argument that no column (nor its kwargs) supplies, which
     would fail at the first scoring, after a rollout: one error before the model loads, naming
     the function and the argument. code_tests needs a `tests` column."""
-    import functools
     import inspect
 
-    from gspo.rewards import resolve_reward
-    from gspo.rewards.sandbox import code_tests_reward
+    from gspo.rewards import is_code_tests, resolve_reward
 
     columns = {k for r in rows for k in r} - {"prompt"}
     if cfg.rollout.environment:  # the trainer adds the environment's own reward after the episodes
@@ -205,10 +203,7 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
         skip = set() if by_keyword else set(positional[:2])  # (prompts and completions, by position)
         needed = [p.name for p in params if p.default is p.empty and p.name not in skip | {"prompts", "completions"}
                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in f.kwargs]
-        base = fn
-        while isinstance(base, functools.partial):
-            base = base.func
-        if base is code_tests_reward and "tests" not in f.kwargs:  # (None: no tests, so no score)
+        if is_code_tests(fn) and "tests" not in f.kwargs:  # (None: no tests, so no score)
             needed.append("tests")
         missing = [n for n in needed if n not in columns]
         if missing:

@@ -7,7 +7,6 @@ column, a requested checkpoint exists.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import random
@@ -21,7 +20,7 @@ import torch
 
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
-from gspo.config.rules import needs_reference, records_routes, runs_model_code
+from gspo.config.rules import needs_reference, records_routes
 from gspo.data import DataError, PromptStream, as_messages, filter_long_prompts, use_template_kwargs
 from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_reward_columns, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
@@ -31,7 +30,7 @@ from gspo.models import (base_model, half_precision_warnings, load_policy, posit
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
-from gspo.rewards import RewardConfigError, RewardSpec, validate_specs
+from gspo.train.reward_specs import checked_reward_specs, reward_specs  # noqa: F401  (reward_specs: API)
 from gspo.rollout.hf import HFGenerator
 from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call_ids
 from gspo.rollout.tools import ToolRunner, load_environment, load_tools
@@ -55,58 +54,6 @@ def check_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"config field 'output.dir': cannot write to run directory {run_dir}: {e.strerror or e}") from None
-
-
-def reward_specs(cfg: Config) -> list[RewardSpec]:
-    specs = []
-    for f in cfg.rewards.functions:
-        kwargs = dict(f.kwargs)
-        if runs_model_code(f.name):
-            kwargs.setdefault("allow_code_execution", cfg.rewards.allow_code_execution)
-        if f.name.startswith(("model:", "judge:")):  # a reward model sits beside the policy unless told otherwise
-            kwargs.setdefault("device", cfg.model.device)
-        specs.append(RewardSpec(name=f.name, weight=f.weight, kwargs=kwargs))
-        opt_in_code_tests(cfg, len(specs) - 1, specs[-1])
-    return specs
-
-
-def checked_reward_specs(cfg: Config) -> list[RewardSpec]:
-    """`reward_specs`, each resolved now (a reward model loads here, once), before the policy
-    loads: an error names the field at fault, rewards.functions[i].name, .weight or .kwargs."""
-    specs = reward_specs(cfg)
-    for i, spec in enumerate(specs):
-        try:
-            validate_specs([spec])
-        except RewardConfigError as e:
-            raise ConfigError(f"config field 'rewards.functions[{i}].{getattr(e, 'field', None) or 'name'}': {e}") from None
-    return specs
-
-
-def opt_in_code_tests(cfg: Config, i: int, spec: RewardSpec) -> None:
-    """The code_tests reward under another name (`functools.partial(code_tests_reward,
-    executor=...)`, docs/code_execution.md, or its dotted path) runs model-written code as well:
-    it needs rewards.allow_code_execution, and gets it, as the built-in name does. (A name that
-    does not resolve is left to `validate_specs`, which says why.)"""
-    from gspo.rewards import resolve_reward
-    from gspo.rewards.sandbox import code_tests_reward
-
-    if spec.name.startswith(("model:", "judge:")):
-        return
-    try:
-        fn = resolve_reward(spec.name)
-    except Exception:  # noqa: BLE001 (validate_specs reports it)
-        return
-    bound = {}
-    while isinstance(fn, functools.partial):
-        bound = {**fn.keywords, **bound}
-        fn = fn.func
-    if fn is not code_tests_reward or "allow_code_execution" in {**bound, **spec.kwargs}:
-        return
-    if not cfg.rewards.allow_code_execution:
-        raise ConfigError(f"config field 'rewards.allow_code_execution': rewards.functions[{i}] ('{spec.name}') is "
-                          "the code_tests reward, which runs model-written code: set rewards.allow_code_execution=true "
-                          "to allow it")
-    spec.kwargs["allow_code_execution"] = True
 
 
 def build_policy(cfg: Config, device: torch.device | None = None):
