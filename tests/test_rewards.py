@@ -561,3 +561,16 @@ def test_code_tests_options_under_a_users_name_and_call_arguments_in_kwargs_are_
     with pytest.raises(RewardConfigError, match="kwargs cannot set 'completions'") as e:
         validate_specs([RewardSpec(name="exact_answer", kwargs={"completions": []})])
     assert e.value.field == "kwargs"
+
+
+def test_built_in_rewards_read_the_models_last_turn_not_a_tool_reply_or_the_environments_message():
+    """An episode cut right after a tool's reply ended with that reply, and an environment's last
+    message ended a finished game: exact_answer scored them as the model's answer (a calculator's
+    '9716' earned 1.0 for a model that never answered)."""
+    from gspo.rewards.builtins import exact_answer
+
+    cut = [{"role": "assistant", "content": '<tool_call>{"name": "calc"}</tool_call>'},
+           {"role": "tool", "content": "9716"}]
+    game = [{"role": "assistant", "content": "7"}, {"role": "user", "content": "wrong, it was 42"}]
+    assert exact_answer(["p", "p"], [cut, game], answer=["9716", "wrong, it was 42"]) == [0.0, 0.0]
+    assert exact_answer(["p"], [game], answer=["7"]) == [1.0]

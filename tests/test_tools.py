@@ -497,3 +497,37 @@ def test_a_tool_may_start_a_process_pool():
     with ToolRunner([squares], num_workers=1, timeout_s=60) as runner:
         (reply,) = runner.run([ToolCall("squares", {"n": 4})])
     assert (reply.outcome, reply.content) == ("ok", "[0, 1, 4, 9]")
+
+
+def test_a_tool_replies_numpy_and_fraction_numbers_as_json_numbers():
+    """A tool returning np.int64 killed its worker (json.dumps raised in it), and in-process it
+    ended the run; a Fraction likewise."""
+    import fractions
+
+    import numpy as np
+
+    from gspo.rollout.tools import reply_text
+
+    assert [reply_text(v) for v in (np.int64(3), np.float32(0.5), fractions.Fraction(1, 4), True, [1, 2])] == \
+        ["3", "0.5", "0.25", "true", "[1, 2]"]
+    assert reply_text(object()) is None and reply_text([object()]) is None  # bad_return
+
+
+def test_async_tools_and_a_tool_named_as_an_environments_method_are_refused_at_start_up(tmp_path):
+    """An async def tool passed start-up and every call replied 'the tool returned coroutine'; a
+    tool named like an environment's method never ran (the method took its calls)."""
+    from gspo.config import ConfigError, load_config
+    from gspo.train.run import load_episode_tools
+
+    (tmp_path / "t.py").write_text(
+        'async def aadd(a: int, b: int) -> int:\n    """Add.\n\n    Args:\n        a: one\n        b: two\n    """\n'
+        "    return a + b\n\n\n"
+        'def bump(n: int) -> int:\n    """Bump.\n\n    Args:\n        n: a number\n    """\n    return n + 1\n\n\n'
+        "class Env:\n    def reset(self, **row):\n        return None\n\n"
+        '    def bump(self, n: int) -> int:\n        """Bump.\n\n        Args:\n            n: a number\n        """\n'
+        "        return n + 2\n")
+    with pytest.raises(ToolConfigError, match=r"rollout.tools\[0\]: .*async or generator function"):
+        load_tools([f"{tmp_path / 't.py'}:aadd"])
+    cfg = load_config(None, [f"rollout.tools=[{tmp_path / 't.py'}:bump]", f"rollout.environment={tmp_path / 't.py'}:Env"])
+    with pytest.raises(ConfigError, match=r"rollout.tools\[0\]': 'bump' is also a method of rollout.environment"):
+        load_episode_tools(cfg)

@@ -119,3 +119,18 @@ def test_a_run_without_signal_says_so_at_most_once_every_n_rollouts(tmp_path):
     assert "rewards.functions" in lines[0] and "rollout.group_size" in lines[0] and "(2 of the last 2" in lines[1]
     quiet = gspo_train(tmp_path, "signal", "schedule.rollouts=2", "eval.enabled=false")  # count_ones: signal
     assert "rewards were equal" not in quiet.stderr
+
+
+def test_gspo_eval_refuses_a_template_that_cannot_play_tool_episodes_as_training_does(tmp_path, capsys):
+    """gspo train refused a template that drops role 'tool'; gspo eval played the episodes with
+    it, every reply hidden from the model."""
+    from gspo.cli import main
+
+    path = tmp_path / "no-tool-turns"
+    tok = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz0123456789*+=: \n{}\"<>/_,")
+    build_tiny_model(tok, hidden_size=16, num_layers=1, seed=0).save_pretrained(path)
+    tok.chat_template = ("{% for m in messages %}{% if m.role != 'tool' %}{{ m.role }}: {{ m.content }}{{ '\\n' }}"
+                         "{% endif %}{% endfor %}")
+    tok.save_pretrained(path)
+    rc = main(["eval", str(path), "multiply", "--num-prompts", "1", "rollout.tools=[gspo.tool_tasks:calc]"])
+    assert rc == 2 and "drops messages of role 'tool'" in capsys.readouterr().err

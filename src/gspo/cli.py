@@ -47,13 +47,12 @@ def cmd_eval(args) -> int:
     from gspo.config import ConfigError, load_config
     from gspo.data import use_template_kwargs
     from gspo.data.files import held_out_split
-    from gspo.rollout.episodes import episode_schemas
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
     from gspo.train.prompts import check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap
     from gspo.train.reward_specs import checked_reward_specs
-    from gspo.train.run import episode_tools, hf_generator, load_episode_tools
+    from gspo.train.run import checked_schemas, episode_tools, hf_generator, load_episode_tools
     from gspo.rollout import chunk_seed
     from gspo.tasks import TASKS
     from gspo.train.threads import setup_threads
@@ -92,7 +91,7 @@ def cmd_eval(args) -> int:
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code)
     use_template_kwargs(tok, cfg.data.chat_template_kwargs)
-    schemas = None if loaded is None else episode_schemas(loaded[0], loaded[2])
+    schemas = checked_schemas(cfg, loaded, tok)  # a template that cannot play episodes: refused, as training does
     cap = prompt_cap(cfg, position_limit(model))
     rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held))[: cfg.eval.num_prompts]  # as training does
     rw = cfg.rewards

@@ -36,11 +36,15 @@ def _last_boxed(text: str) -> str | None:
 
 
 def completion_text(completion: Any) -> str:
-    """The text of a completion: a str, or the last message's content of a message list."""
+    """The text of a completion: a str, or the content of the last assistant message of a message
+    list (TRL's conversational shape); "" when the model wrote none. An episode may end with a
+    tool's reply or the environment's message (its budget ran out after a call; the game ended):
+    those are not the model's answer."""
     if isinstance(completion, str):
         return completion
-    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
+    if isinstance(completion, (list, tuple)) and all(isinstance(m, dict) for m in completion):
+        said = [m for m in completion if m.get("role", "assistant") == "assistant"]
+        return str(said[-1].get("content") or "") if said else ""
     raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
 
 

@@ -46,14 +46,6 @@ def extract_code(text: str) -> str:
     return text
 
 
-def completion_text(completion: Any) -> str:  # a str, or TRL's conversational [{"role", "content"}]
-    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    if isinstance(completion, str):
-        return completion
-    raise TypeError(f"a completion must be a str or a list of messages, got {type(completion).__name__}")
-
-
 def _literal(text: str) -> Any:
     """`text` read as a JSON value, else as a Python literal (pandas writes a list column to CSV
     as its repr, ['assert f(1) == 2']); None when it is neither (Python code that starts so)."""

@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from gspo.config import RewardsConfig
-from gspo.rewards.code_text import completion_text, extract_code, test_cases
+from gspo.rewards.builtins import completion_text
+from gspo.rewards.code_text import extract_code, test_cases
 
 log = logging.getLogger(__name__)
 

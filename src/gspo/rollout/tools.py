@@ -62,6 +62,9 @@ def load_tools(names: Sequence[str], field_name: str = "rollout.tools") -> list[
             raise ToolConfigError(str(e)) from None
         if not callable(fn):
             raise ToolConfigError(f"{what}: {name!r} is not callable")
+        if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise ToolConfigError(f"{what}: {name!r} is an async or generator function; a tool returns its reply "
+                                  "(text, a number, or a JSON-able list or dict) when called: make it a plain function")
         tool_schema(fn, what)
         if fn.__name__ in seen:
             raise ToolConfigError(f"{what}: a second tool named {fn.__name__!r} ({seen[fn.__name__]} is the first)")
@@ -104,12 +107,14 @@ def reply_text(value: Any) -> str | None:
     lists / dicts as JSON; None for anything else (counted as bad_return)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (bool, numbers.Real)) and not isinstance(value, complex):
-        return json.dumps(value)
-    if isinstance(value, (list, dict)):
+    if isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        value = value.item()  # numpy's and torch's scalars: their Python number
+    if isinstance(value, numbers.Rational) and not isinstance(value, numbers.Integral):
+        value = float(value)  # a Fraction
+    if isinstance(value, (bool, numbers.Real, list, dict)):
         try:
             return json.dumps(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError):  # (a list holding what JSON cannot write)
             return None
     return None
 

@@ -33,7 +33,7 @@ from gspo.rewards.runner import RewardRunner
 from gspo.train.reward_specs import checked_reward_specs, reward_specs  # noqa: F401  (reward_specs: API)
 from gspo.rollout.hf import HFGenerator
 from gspo.rollout.tool_calls import ToolConfigError, resolve_parser, writes_call_ids
-from gspo.rollout.tools import ToolRunner, load_environment, load_tools
+from gspo.rollout.tools import ToolRunner, env_tools, load_environment, load_tools
 from gspo.models.lora import lora_targets
 from gspo.models.routing import RouteTracker, find_routers, no_routers
 from gspo.tasks import TASKS, TASK_CHARS
@@ -54,6 +54,21 @@ def check_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"config field 'output.dir': cannot write to run directory {run_dir}: {e.strerror or e}") from None
+
+
+def checked_schemas(cfg: Config, tools, tok, say: bool = True) -> list[dict] | None:
+    """The schemas an episode's prompt is rendered with (None: no episodes), once the chat
+    template is known to play tool episodes (`check_tool_template`: a refusal, or a warning);
+    training and `gspo eval` alike."""
+    if tools is None:
+        return None
+    from gspo.rollout.episodes import check_tool_template, episode_schemas
+
+    schemas = episode_schemas(tools[0], tools[2])
+    warning = check_tool_template(tok, schemas, call_ids=writes_call_ids(cfg.rollout.tool_parser))
+    if warning and say:
+        print(f"warning: {warning}", file=sys.stderr)
+    return schemas
 
 
 def build_policy(cfg: Config, device: torch.device | None = None):
@@ -321,14 +336,7 @@ def build_run(cfg: Config) -> Run:
     job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
     model, tok = build_policy(cfg, d.device)                              # model
-    schemas = None  # an episode's prompt is rendered with the tools' schemas (None: no episodes)
-    if tools is not None:                                                # its chat template, for episodes
-        from gspo.rollout.episodes import check_tool_template, episode_schemas
-
-        schemas = episode_schemas(tools[0], tools[2])
-        warning = check_tool_template(tok, schemas, call_ids=writes_call_ids(cfg.rollout.tool_parser))
-        if warning and d.is_main:
-            print(f"warning: {warning}", file=sys.stderr)
+    schemas = checked_schemas(cfg, tools, tok, say=d.is_main)           # its chat template, for episodes
     threads_for_model(cfg, model)
     if d.is_main:  # half precision where this CPU emulates it (measured after the thread count is set)
         settings = {"model.dtype": cfg.model.dtype, "model.mixed_precision": cfg.model.mixed_precision,
@@ -483,6 +491,16 @@ def load_episode_tools(cfg: Config):
         return None
     try:
         env = load_environment(r.environment) if r.environment else None
-        return load_tools(list(r.tools)), resolve_parser(r.tool_parser), env
+        tools = load_tools(list(r.tools))
+    except ToolConfigError as e:
+        raise ConfigError(f"config field {e}") from None
+    methods = {fn.__name__ for fn in env_tools(env)}
+    for i, fn in enumerate(tools):  # a call of that name would go to the environment's method alone
+        if fn.__name__ in methods:
+            raise ConfigError(f"config field 'rollout.tools[{i}]': {fn.__name__!r} is also a method of "
+                              f"rollout.environment {r.environment}, which the model's calls of that name reach; "
+                              "rename one of them")
+    try:
+        return tools, resolve_parser(r.tool_parser), env
     except ToolConfigError as e:
         raise ConfigError(f"config field {e}") from None
