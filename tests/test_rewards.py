@@ -574,3 +574,41 @@ def test_built_in_rewards_read_the_models_last_turn_not_a_tool_reply_or_the_envi
     game = [{"role": "assistant", "content": "7"}, {"role": "user", "content": "wrong, it was 42"}]
     assert exact_answer(["p", "p"], [cut, game], answer=["9716", "wrong, it was 42"]) == [0.0, 0.0]
     assert exact_answer(["p"], [game], answer=["7"]) == [1.0]
+
+
+def test_a_worker_whose_trainer_is_killed_mid_call_ends_with_what_its_function_started(tmp_path):
+    """Out of the job's process group, a reward worker checked for its parent only between calls:
+    a hung call kept it (and the process its function started) alive after a SIGKILLed trainer."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "from gspo.rewards.runner import RewardRunner\n"
+        "def hang(prompts, completions, **kw):\n"
+        "    child = subprocess.Popen(['sleep', '300'])\n"
+        "    open(sys.argv[1], 'w').write(f'{os.getpid()} {child.pid}')\n"
+        "    time.sleep(300)\n"
+        "with RewardRunner([hang], timeout_s=600, num_workers=1) as runner:\n"
+        "    runner.score(['p'], ['c'])\n")
+    pids = tmp_path / "pids"
+    trainer = subprocess.Popen([sys.executable, str(script), str(pids)])
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker, child = map(int, pids.read_text().split())
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while (alive(worker) or alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(worker) and not alive(child)

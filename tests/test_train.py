@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -556,3 +557,34 @@ def test_an_environments_reward_counts_as_a_column_for_the_start_up_check(tmp_pa
     plain = load_config(None, [reward])
     with pytest.raises(DataError, match="needs the argument 'env_reward'"):
         check_named_columns(plain, load_prompt_rows(plain)[0])
+
+
+def test_a_run_whose_output_pipe_closes_trains_to_its_end(tmp_path):
+    """`gspo train ... | head -1`: once head exits, a warning's print raised BrokenPipeError (rich's
+    console turned its own into SystemExit) and the run stopped mid-way, exit 1; a finished run
+    exited 1 on its last line. The console now writes nowhere once its reader is gone."""
+    import shlex
+    import shutil
+    import subprocess
+
+    exe = shutil.which("gspo")
+    (tmp_path / "flat.py").write_text("def flat(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    args = [exe, "train", *TINY, "schedule.rollouts=6", "logging.no_signal_every=1", "logging.console=true",
+            f"rewards.functions=[{tmp_path / 'flat.py'}:flat]", f"output.dir={tmp_path}", "output.name=run"]
+    p = subprocess.run(["bash", "-o", "pipefail", "-c", " ".join(map(shlex.quote, args)) + " 2>&1 | head -c 1"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "run" / "final").is_dir() and records(tmp_path / "run")[-1]["rollout"] == 6
+
+
+def test_ctrl_c_in_gspo_eval_is_one_line_and_exit_130(monkeypatch, capsys, saved):
+    """It printed KeyboardInterrupt's traceback (gspo train has its own signal handling)."""
+    import gspo.train.evaluate as ev
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ev, "evaluate", interrupted)
+    assert main(["eval", str(saved("qwen3")), "arithmetic", "--num-prompts", "2"]) == 130
+    err = capsys.readouterr().err
+    assert "gspo eval: interrupted" in err and "Traceback" not in err

@@ -172,6 +172,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class PipeSafe:
+    """A console stream that outlives its reader: `gspo train ... | head` closes the pipe, and a
+    write then raised BrokenPipeError (rich turned it into SystemExit), stopping a run over its
+    log. After the first such error the stream writes to /dev/null, and the run goes on."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     from gspo.config import ConfigError
 
@@ -191,8 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # gspo draws its own progress; HF's per-file bars are noise
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (PipeSafe(x) if not isinstance(x, PipeSafe) else x for x in streams)
     try:
         return args.fn(args)
+    except KeyboardInterrupt:  # (gspo train stops on its own terms: train.stops; this is eval, report, ...)
+        print(f"gspo {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (ConfigError, ValueError, FileNotFoundError, PermissionError) as e:
         # bad input: one clear message, no traceback (GSPO_TRACEBACK=1 shows it)
         if os.environ.get("GSPO_TRACEBACK"):
@@ -209,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gspo {args.command}: stopped: {e}", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from gspo.config import RewardsConfig
 from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
 from gspo.rewards.models import DeadlineExceeded, ModelScorer
 from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
-                                  end_if_orphaned, kill_worker)
+                                  end_if_orphaned, kill_worker, watch_parent)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +137,7 @@ def _worker_main(conn, functions, parent_pid: int) -> None:
     # (it stops after the rollout, which still needs its rewards); a worker ends when told, when
     # SIGKILLed with its process group, or when its parent is gone.
     detach_from_stop_signals()
+    watch_parent(parent_pid)
     conn.send("ready")
     batch = ([], [], {})
     while True:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 from gspo.rewards import RewardConfigError, _import_attr
 from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
-                                  end_if_orphaned, kill_worker)
+                                  end_if_orphaned, kill_worker, watch_parent)
 from gspo.rollout.tool_calls import ToolCall, ToolConfigError
 
 OUTCOMES = ("ok", "error", "timeout", "malformed", "unknown", "bad_return")
@@ -182,6 +182,7 @@ class _Host:
 
 def _worker_main(conn, tools: dict, env_class, parent_pid: int) -> None:
     detach_from_stop_signals()  # the trainer decides what happens on Ctrl-C or a SIGTERM to the job
+    watch_parent(parent_pid)
     host = _Host(tools, env_class)
     conn.send("ready")
     while True:
