@@ -225,9 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout, sys.stderr = (PipeSafe(x) if not isinstance(x, PipeSafe) else x for x in streams)
     try:
         return args.fn(args)
-    except KeyboardInterrupt:  # (gspo train stops on its own terms: train.stops; this is eval, report, ...)
-        print(f"gspo {args.command}: interrupted", file=sys.stderr)
-        return 130
     except (ConfigError, ValueError, FileNotFoundError, PermissionError) as e:
         # bad input: one clear message, no traceback (GSPO_TRACEBACK=1 shows it)
         if os.environ.get("GSPO_TRACEBACK"):
@@ -244,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gspo {args.command}: stopped: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # (after Interrupted: gspo train stops on its own terms; this is eval, report)
+        print(f"gspo {args.command}: interrupted", file=sys.stderr)
+        return 130
     finally:
         sys.stdout, sys.stderr = streams
 
