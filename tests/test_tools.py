@@ -531,3 +531,14 @@ def test_async_tools_and_a_tool_named_as_an_environments_method_are_refused_at_s
     cfg = load_config(None, [f"rollout.tools=[{tmp_path / 't.py'}:bump]", f"rollout.environment={tmp_path / 't.py'}:Env"])
     with pytest.raises(ConfigError, match=r"rollout.tools\[0\]': 'bump' is also a method of rollout.environment"):
         load_episode_tools(cfg)
+
+
+def test_one_turn_with_tools_is_warned_about(capsys):
+    """With rollout.max_turns=1 no call is ever run (a last turn's calls are not): it started silently."""
+    from gspo.config import load_config
+    from gspo.train.run import load_episode_tools
+
+    load_episode_tools(load_config(None, ["rollout.tools=[gspo.tool_tasks:calc]", "rollout.max_turns=1"]))
+    assert "rollout.max_turns=1 with rollout.tools: no call is ever run" in capsys.readouterr().err
+    load_episode_tools(load_config(None, ["rollout.tools=[gspo.tool_tasks:calc]", "rollout.max_turns=2"]))
+    assert "max_turns" not in capsys.readouterr().err

@@ -500,6 +500,9 @@ def load_episode_tools(cfg: Config):
             raise ConfigError(f"config field 'rollout.tools[{i}]': {fn.__name__!r} is also a method of "
                               f"rollout.environment {r.environment}, which the model's calls of that name reach; "
                               "rename one of them")
+    if tools and r.max_turns == 1:  # the last turn's calls are not run: there is no turn left to read them
+        print("warning: rollout.max_turns=1 with rollout.tools: no call is ever run (a turn's calls are run only "
+              "when a turn is left to read their replies); set rollout.max_turns=2 or more", file=sys.stderr)
     try:
         return tools, resolve_parser(r.tool_parser), env
     except ToolConfigError as e:
