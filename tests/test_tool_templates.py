@@ -205,3 +205,15 @@ def test_a_mistral_style_episode_carries_the_call_ids_into_the_template_and_the_
     assert ro.completion_ids[0, :len(want)].tolist() == want
     assert ro.loss_mask[0, :len(want)].tolist() == [1] * len(turn1) + [0] * len(inserted) + [1] * 2
     assert ro.finish_reason == ["done"] and ro.episode_stats["episode/tool_ok_mean"] == 1
+
+
+def test_no_chat_template_at_all_gets_no_advice_about_call_ids():
+    """With no template, the refusal ended with advice about Mistral's call ids, which cannot help."""
+    from gspo.config import ConfigError
+    from gspo.rollout.episodes import check_tool_template
+
+    tok = build_char_tokenizer(CHARS)
+    tok.chat_template = None
+    with pytest.raises(ConfigError, match="fails on a tool's reply") as e:
+        check_tool_template(tok, [tool_schema(add)])
+    assert "call ids" not in str(e.value)

@@ -105,8 +105,8 @@ def check_tool_template(tokenizer, schemas: list[dict], call_ids: bool | None = 
         except Exception as e:  # e.g. a template that wants ids on tool calls (Mistral's)
             error = e
     else:
-        hint = "" if call_ids else "; a template that pairs replies with call ids, as Mistral's does, needs " \
-                                   "rollout.tool_parser=mistral"
+        hint = ("" if call_ids or not getattr(tokenizer, "chat_template", None) else  # (none: nothing to pair)
+                "; a template that pairs replies with call ids, as Mistral's does, needs rollout.tool_parser=mistral")
         raise ConfigError(f"config field 'rollout.tools': the tokenizer's chat template fails on a tool's reply "
                           f"({type(error).__name__}: {error}){hint}") from None
     if not shown:
