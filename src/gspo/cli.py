@@ -46,11 +46,11 @@ def cmd_eval(args) -> int:
 
     from gspo.config import ConfigError, load_config
     from gspo.data import use_template_kwargs
-    from gspo.data.files import held_out_split
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.prompts import check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap
+    from gspo.train.prompts import (check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap,
+                                    source_held_out_split)
     from gspo.train.reward_specs import checked_reward_specs
     from gspo.train.run import checked_schemas, episode_tools, hf_generator, load_episode_tools
     from gspo.rollout import chunk_seed
@@ -77,8 +77,7 @@ def cmd_eval(args) -> int:
     cfg = load_config(args.config, overrides)
     if not cfg.data.eval_source and cfg.data.source not in TASKS:  # a config's dataset: its held-out split
         cfg.data.eval_source = cfg.data.source
-        split = held_out_split(cfg.data.source)
-        if split in (None, cfg.data.split or "train"):  # (the run trained on the split held-out data would read)
+        if source_held_out_split(cfg) is None:  # (none, or the run trained on the split held-out data would read)
             print(f"warning: data.source {cfg.data.source} holds out no split but the one training reads, so this "
                   "evaluates on the rows training reads; name held-out data as gspo eval's DATA argument (or "
                   "data.eval_source)", file=sys.stderr)

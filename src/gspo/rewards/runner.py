@@ -26,7 +26,7 @@ from gspo.config import RewardsConfig
 from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
 from gspo.rewards.models import DeadlineExceeded, ModelScorer
 from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
-                                  end_if_orphaned, kill_worker, watch_parent)
+                                  kill_worker, watch_parent)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def _check_values(values: Any, n: int, name: str) -> list[float | None]:
     return out
 
 
-def _by_keyword(fn) -> bool:
+def by_keyword(fn) -> bool:
     """Whether `fn` names a parameter `prompts` or `completions` that can be passed by keyword:
     it is then called as TRL calls reward functions, with both by keyword (so
     `def f(completions, **kwargs)` and `def f(completions, answer, **kwargs)` work); otherwise
@@ -72,7 +72,7 @@ def _by_keyword(fn) -> bool:
 
 def _call(fn, kwargs, prompts, completions, columns) -> Any:
     args = {**columns, **kwargs}
-    if _by_keyword(fn):
+    if by_keyword(fn):
         out = fn(prompts=list(prompts), completions=list(completions), **args)
     else:
         out = fn(list(prompts), list(completions), **args)
@@ -140,11 +140,7 @@ def _worker_main(conn, functions, parent_pid: int) -> None:
     watch_parent(parent_pid)
     conn.send("ready")
     batch = ([], [], {})
-    while True:
-        # Poll with a timeout so an orphaned worker (parent SIGKILLed) exits by itself.
-        if not conn.poll(1.0):
-            end_if_orphaned(parent_pid)  # with whatever the functions left running
-            continue
+    while True:  # (an orphaned worker, its parent SIGKILLed, is ended by `watch_parent`)
         try:
             msg = conn.recv()
         except (EOFError, OSError):

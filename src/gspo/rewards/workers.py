@@ -86,20 +86,14 @@ def kill_worker(proc, conn, group: bool = False) -> None:
     conn.close()
 
 
-def end_if_orphaned(parent_pid: int) -> None:
-    """In a worker (`detach_from_stop_signals`): when the process that started it is gone
-    (SIGKILLed), end it with whatever its user code left running."""
-    if os.getppid() != parent_pid:
-        os.killpg(0, signal.SIGKILL)
-
-
 def watch_parent(parent_pid: int, every_s: float = 1.0) -> None:
-    """In a worker: a thread that ends it (`end_if_orphaned`) within `every_s` of its parent's
-    death, even while a call runs (a hung reward or tool): out of the job's process group, a
-    worker would otherwise outlive a SIGKILLed trainer for as long as its call runs."""
+    """In a worker (`detach_from_stop_signals`): a thread that ends it, with whatever its user
+    code left running, within `every_s` of its parent's death, even while a call runs (a hung
+    reward or tool): out of the job's process group, a worker would otherwise outlive a
+    SIGKILLed trainer for as long as its call runs."""
     def watch() -> None:
-        while True:
+        while os.getppid() == parent_pid:
             time.sleep(every_s)
-            end_if_orphaned(parent_pid)
+        os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="gspo-parent-watch", daemon=True).start()

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 from gspo.rewards import RewardConfigError, _import_attr
 from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
-                                  end_if_orphaned, kill_worker, watch_parent)
+                                  kill_worker, watch_parent)
 from gspo.rollout.tool_calls import ToolCall, ToolConfigError
 
 OUTCOMES = ("ok", "error", "timeout", "malformed", "unknown", "bad_return")
@@ -185,10 +185,7 @@ def _worker_main(conn, tools: dict, env_class, parent_pid: int) -> None:
     watch_parent(parent_pid)
     host = _Host(tools, env_class)
     conn.send("ready")
-    while True:
-        if not conn.poll(1.0):
-            end_if_orphaned(parent_pid)  # with whatever the tools left running
-            continue
+    while True:  # (an orphaned worker, its parent SIGKILLed, is ended by `watch_parent`)
         try:
             msg = conn.recv()
         except (EOFError, OSError):

@@ -37,8 +37,8 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
     else:
         train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)  # (field: data.source)
         held = []
-        split = held_out_split(d.source)  # a folder's own test split, as `gspo eval --config` reads it
-        if not d.eval_source and split and split != (d.split or "train"):
+        split = source_held_out_split(cfg)  # a folder's own test split, as `gspo eval --config` reads it
+        if not d.eval_source and split:
             held = load_rows(d.source, prompt_column=d.prompt_column, split=split, field="data.source",
                              held_out=True)[: cfg.eval.num_prompts]
     if d.eval_source:
@@ -48,6 +48,13 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
                                                          held_out=True))
         held = held[: cfg.eval.num_prompts]
     return train, held
+
+
+def source_held_out_split(cfg: Config) -> str | None:
+    """The split of data.source that is held out from training (`held_out_split`: its test split,
+    else validation, ...), unless training reads that very split (data.split); None if none."""
+    split = held_out_split(cfg.data.source)
+    return split if split != (cfg.data.split or "train") else None
 
 
 def say_held_out(cfg: Config, held: list[dict], dropped: int = 0, cap: tuple[int, str] | None = None) -> None:
@@ -186,6 +193,7 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
     import inspect
 
     from gspo.rewards import is_code_tests, resolve_reward
+    from gspo.rewards.runner import by_keyword
 
     columns = {k for r in rows for k in r} - {"prompt"}
     if cfg.rollout.environment:  # the trainer adds the environment's own reward after the episodes
@@ -198,9 +206,8 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
             params = list(inspect.signature(fn).parameters.values())
         except Exception:  # noqa: BLE001 (an unresolvable name is the name check's to report)
             continue
-        by_keyword = any(p.name in ("prompts", "completions") for p in params)
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        skip = set() if by_keyword else set(positional[:2])  # (prompts and completions, by position)
+        skip = set() if by_keyword(fn) else set(positional[:2])  # (prompts and completions, as the runner passes them)
         needed = [p.name for p in params if p.default is p.empty and p.name not in skip | {"prompts", "completions"}
                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in f.kwargs]
         if is_code_tests(fn) and "tests" not in f.kwargs:  # (None: no tests, so no score)
