@@ -588,3 +588,17 @@ def test_ctrl_c_in_gspo_eval_is_one_line_and_exit_130(monkeypatch, capsys, saved
     assert main(["eval", str(saved("qwen3")), "arithmetic", "--num-prompts", "2"]) == 130
     err = capsys.readouterr().err
     assert "gspo eval: interrupted" in err and "Traceback" not in err
+
+
+def test_ctrl_c_before_any_command_runs_is_one_line_and_exit_130(monkeypatch, capsys):
+    """A Ctrl-C while torch and transformers import (before a command's own handling) printed
+    a traceback."""
+    import gspo.cli as cli
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["report", "nowhere"]) == 130
+    err = capsys.readouterr().err
+    assert "gspo: interrupted" in err and "Traceback" not in err

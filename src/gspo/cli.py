@@ -202,6 +202,14 @@ class PipeSafe:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while torch and transformers import, before a command runs
+        print("gspo: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     from gspo.config import ConfigError
 
     from gspo.train.checkpoint import CheckpointError
