@@ -571,3 +571,16 @@ def test_a_template_that_writes_the_bos_after_a_stray_newline_gets_no_second_one
     plain, stray = encode_texts(tok, ["hi", "\n<s>[INST] hi [/INST]"])
     assert plain[0] == tok.bos_token_id and plain.count(tok.bos_token_id) == 1
     assert stray.count(tok.bos_token_id) == 1
+
+
+def test_a_column_some_rows_lack_reaches_every_reward_call_as_none(tmp_path):
+    """A call whose rows all lacked a column got no such keyword, so a reward that needs it
+    raised mid-run (the start-up check saw the column in other rows)."""
+    from gspo.rewards import reward_columns
+
+    f = tmp_path / "ragged.jsonl"
+    f.write_text('{"prompt": "a", "x": 1}\n{"prompt": "b", "y": [1]}\n{"prompt": "c"}\n{"prompt": "d", "x": null}\n')
+    rows = load_rows(f)
+    assert [list(r) for r in rows] == [["prompt", "x", "y"]] * 4
+    assert [r["y"] for r in rows] == [None, [1], None, None]
+    assert reward_columns([rows[2], rows[0]], 2) == {"x": [None, None, 1, 1], "y": [None] * 4}
