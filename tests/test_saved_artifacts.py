@@ -405,3 +405,34 @@ def test_a_tokenizer_without_eos_or_pad_pads_with_the_generation_configs_eos(sav
     model, tok = load_policy(src, device="cpu")
     stops = eos_token_ids(model, tok)
     assert stops and tok.pad_token_id == stops[0] and tok.convert_ids_to_tokens(stops[0]) == "<|im_end|>"
+
+
+def _damaged_copy(src: Path, dst: Path) -> Path:
+    """`src` with its weights file cut to 8 bytes, as an interrupted copy leaves it."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:8])
+    return dst
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_prompts_a_tokenizer_cannot_render_are_refused_before_the_model_loads(saved, tmp_path, capsys, command):
+    """Chat prompts for a tokenizer with no chat template were refused only after the weights
+    loaded: with a damaged weights file, the run never got to say so. GPT-2's has no template."""
+    model = _damaged_copy(saved("gpt2"), tmp_path / "gpt2")
+    data = artifacts.write_chat_jsonl(tmp_path / "chat.jsonl")
+    argv = (["train", f"model.name_or_path={model}", f"data.source={data}", *RUN, f"output.dir={tmp_path}"]
+            if command == "train" else ["eval", str(model), str(data), "--num-prompts", "2"]) + ["data.prompt_column=messages"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "chat_template" in err and "safetensors" not in err.lower(), err[-1500:]
+
+
+def test_a_damaged_weights_file_is_one_error_naming_the_model(saved, tmp_path, capsys):
+    """A truncated model.safetensors raised safetensors' own error: a traceback, exit 1."""
+    model = _damaged_copy(saved("qwen3"), tmp_path / "qwen3")
+    data = artifacts.write_plain_jsonl(tmp_path / "plain.jsonl")
+    assert main(["train", f"model.name_or_path={model}", f"data.source={data}", *RUN, f"output.dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"could not load model {str(model)!r}" in err and "Traceback" not in err, err[-1500:]

@@ -45,14 +45,13 @@ def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
     from gspo.config import ConfigError, load_config
-    from gspo.data import use_template_kwargs
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
     from gspo.train.prompts import (check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap,
                                     source_held_out_split)
     from gspo.train.reward_specs import checked_reward_specs
-    from gspo.train.run import checked_schemas, episode_tools, hf_generator, load_episode_tools
+    from gspo.train.run import checked_schemas, episode_tools, hf_generator, load_episode_tools, policy_tokenizer
     from gspo.rollout import chunk_seed
     from gspo.tasks import TASKS
     from gspo.train.threads import setup_threads
@@ -87,12 +86,15 @@ def cmd_eval(args) -> int:
     rows = held or rows
     check_reward_columns(cfg, rows, held=bool(held))
     specs = checked_reward_specs(cfg)  # before the model loads, naming the field
-    model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
-                             trust_remote_code=cfg.model.trust_remote_code)
-    use_template_kwargs(tok, cfg.data.chat_template_kwargs)
+    tok = policy_tokenizer(cfg)  # the prompts are checked with it before the model loads
     schemas = checked_schemas(cfg, loaded, tok)  # a template that cannot play episodes: refused, as training does
+    rows = fitting_prompts(cfg, rows, tok, schemas, cap=prompt_cap(cfg), held=bool(held))  # as training does
+    model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
+                             trust_remote_code=cfg.model.trust_remote_code, tokenizer=tok)
     cap = prompt_cap(cfg, position_limit(model))
-    rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held))[: cfg.eval.num_prompts]  # as training does
+    if cap != prompt_cap(cfg):  # a learned position table: prompt + completion must fit in it
+        rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held), notes=False)
+    rows = rows[: cfg.eval.num_prompts]
     rw = cfg.rewards
     with RewardRunner(specs, timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:

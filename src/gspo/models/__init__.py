@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from gspo.config import ModelConfig
 from gspo.models.modes import eval_mode, generation_mode, set_trainer_mode  # noqa: F401  (part of this package's API)
@@ -100,8 +101,11 @@ def load_policy(
     dtype: str | torch.dtype = ModelConfig.dtype,
     device: str | torch.device = ModelConfig.device,
     trust_remote_code: bool = ModelConfig.trust_remote_code,
+    tokenizer=None,
 ):
-    """Load a causal LM and its tokenizer: ``(model, tokenizer)``.
+    """Load a causal LM and its tokenizer: ``(model, tokenizer)``. `tokenizer`: the one
+    `load_tokenizer` gave for the same path, loaded before the model so that the prompts are
+    checked first; it is made ready here as a freshly loaded one is.
 
     `name_or_path` is a local directory (``save_pretrained`` format) or a Hub id. A missing
     local path raises `ModelError` before anything is tried; a Hub id that cannot be fetched
@@ -120,26 +124,57 @@ def load_policy(
     if name.startswith("~"):
         name = os.path.expanduser(name)
     _check_source(name)
-    if not os.path.isfile(os.path.join(name, "config.json")) and os.path.isfile(os.path.join(name, "adapter_config.json")):
-        return _load_adapter(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    if _is_adapter(name):
+        return _load_adapter(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     torch_dtype = _resolve_dtype(dtype)
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
         from transformers import AutoConfig
 
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
         saved_dtype = getattr(AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code), "dtype", None)
         model = AutoModelForCausalLM.from_pretrained(
             name, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
         model._gspo_saved_dtype = saved_dtype if isinstance(saved_dtype, torch.dtype) else None  # (`saved_dtype`)
-    except (OSError, ValueError) as e:  # hub / file errors are OSError subclasses
-        hint = " (HF_HUB_OFFLINE is set and no cached copy was found)" if offline else ""
-        if not os.path.exists(name):  # `runs/x` reads as a Hub id too
-            hint += f"; nor is there a local folder {os.path.abspath(name)}"
-        raise ModelError(f"could not load model {name!r}{hint}: {e}") from e
+    except (OSError, ValueError, SafetensorError) as e:  # hub / file errors are OSError subclasses
+        raise _load_error("model", name, e) from e
     model.to(resolve_device(device))
     return model, _ready_tokenizer(tokenizer, model, name)
+
+
+def _is_adapter(name: str) -> bool:
+    return not os.path.isfile(os.path.join(name, "config.json")) and os.path.isfile(os.path.join(name, "adapter_config.json"))
+
+
+def _load_error(what: str, name: str, e: BaseException) -> ModelError:
+    """One `ModelError` for a model or tokenizer that did not load: offline without a cache, a
+    missing folder, a damaged file (a truncated safetensors file's header)."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    hint = " (HF_HUB_OFFLINE is set and no cached copy was found)" if offline and not os.path.isdir(name) else ""
+    if not os.path.exists(name):  # `runs/x` reads as a Hub id too
+        hint += f"; nor is there a local folder {os.path.abspath(name)}"
+    return ModelError(f"could not load {what} {name!r}{hint}: {e}")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool = ModelConfig.trust_remote_code):
+    """The tokenizer `load_policy` pairs with the model at `name_or_path`, as saved, loaded
+    without the model (a run checks its prompts with it before the weights load): a LoRA
+    adapter folder's own where it has one, else its base model's. Pass it to `load_policy`."""
+    from transformers import AutoTokenizer
+
+    name = os.fspath(name_or_path)
+    if name.startswith("~"):
+        name = os.path.expanduser(name)
+    _check_source(name)
+    if _is_adapter(name) and not any(Path(name, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        base = json.loads(Path(name, "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if base:
+            return load_tokenizer(base, trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise _load_error("the tokenizer of model", name, e) from e
 
 
 def _ready_tokenizer(tokenizer, model, name: str):
@@ -197,7 +232,7 @@ def as_brought(tokenizer, model):
             gen.pad_token_id = now[2]
 
 
-def _load_adapter(path: str, **load):
+def _load_adapter(path: str, tokenizer=None, **load):
     """A LoRA adapter folder (a run's final/ with lora.merge_final=false, or final/adapter, or a
     user's PEFT adapter): the base model its adapter_config.json names (base_model_name_or_path),
     loaded as `load_policy` loads any model (an adapter folder too), with the adapter merged in
@@ -216,8 +251,9 @@ def _load_adapter(path: str, **load):
         raise ModelError(f"model path {path!r} is a LoRA adapter: loading it onto its base needs peft "
                          f"(pip install 'gspo[lora]')") from None
     _check_mergeable(path, config.get("peft_type"))
+    given = tokenizer  # (`load_tokenizer`'s, this folder's or its base's)
     try:
-        model, tokenizer = load_policy(base, **load)
+        model, tokenizer = load_policy(base, tokenizer=tokenizer, **load)
     except ModelError as e:
         raise ModelError(f"model path {path!r} is a LoRA adapter on the base model {base!r}, which did not "
                          f"load: {e}") from None
@@ -242,7 +278,7 @@ def _load_adapter(path: str, **load):
     # the model is base + this adapter: a LoRA run on it names this folder as its adapters' base
     # (peft records `name_or_path`), which loads recursively, not the bare base
     model.name_or_path = model.config._name_or_path = path
-    if any(Path(path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+    if given is None and any(Path(path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         from transformers import AutoTokenizer
 
         tokenizer = _ready_tokenizer(AutoTokenizer.from_pretrained(path, trust_remote_code=load["trust_remote_code"]),

@@ -122,19 +122,20 @@ def rows_source(cfg: Config, held: bool = False) -> str:
 
 
 def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True,
-                    cap: tuple[int, str] | None = None, held: bool = False) -> list[dict]:
+                    cap: tuple[int, str] | None = None, held: bool = False, notes: bool = True) -> list[dict]:
     """The rows whose prompt (with the tools' schemas of an episode) fits `cap` (`prompt_cap`:
     data.max_prompt_tokens, or the room the model's learned positions leave), saying how many
     were dropped; one error when none fits. Training and `gspo eval` alike. `held`: the rows are
-    the held-out ones (for the errors' `rows_source`)."""
+    the held-out ones (for the errors' `rows_source`). `notes`: also the warnings about the
+    prompts' rendering (a second pass leaves them out)."""
     cap, why = cap or prompt_cap(cfg)
     rows, dropped = filter_long_prompts(rows, tok, cap, schemas, source=rows_source(cfg, held))
     if dropped and say:
         print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)
     if not rows:
         raise DataError(f"{rows_source(cfg, held)}: no prompt fits in {cap} tokens ({why})")
-    say_prefills(cfg, rows, held, say)
-    if say:
+    say_prefills(cfg, rows, held, say and notes)
+    if say and notes:
         say_no_generation_prompt(rows, tok)
     return rows
 

@@ -26,7 +26,7 @@ from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_reward_columns, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
                                 rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
-from gspo.models import (base_model, half_precision_warnings, load_policy, position_limit, resolve_device,
+from gspo.models import (base_model, load_tokenizer, half_precision_warnings, load_policy, position_limit, resolve_device,
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
@@ -56,15 +56,30 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"config field 'output.dir': cannot write to run directory {run_dir}: {e.strerror or e}") from None
 
 
-def build_policy(cfg: Config, device: torch.device | None = None):
-    """The policy and tokenizer: the built-in tiny model, or any HF causal LM; with LoRA
-    adapters when `lora.enabled` (only they are trainable)."""
-    m = cfg.model
-    device = device or resolve_device(m.device)
-    if m.name_or_path == "tiny":
-        from gspo.models.tiny import build_char_tokenizer, build_tiny_model
+def policy_tokenizer(cfg: Config):
+    """The policy's tokenizer, before its model loads (the run checks its prompts with it
+    first), with data.chat_template_kwargs: the built-in tiny model's character tokenizer, or
+    the checkpoint's own (`load_tokenizer`). `build_policy` takes it."""
+    if cfg.model.name_or_path == "tiny":
+        from gspo.models.tiny import build_char_tokenizer
 
         tok = build_char_tokenizer("".join(sorted(TASK_CHARS)))
+    else:
+        tok = load_tokenizer(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
+    use_template_kwargs(tok, cfg.data.chat_template_kwargs)
+    return tok
+
+
+def build_policy(cfg: Config, device: torch.device | None = None, tokenizer=None):
+    """The policy and tokenizer: the built-in tiny model, or any HF causal LM; with LoRA
+    adapters when `lora.enabled` (only they are trainable). `tokenizer`: `policy_tokenizer`'s,
+    where the caller loaded it first."""
+    m = cfg.model
+    device = device or resolve_device(m.device)
+    tok = tokenizer or policy_tokenizer(cfg)
+    if m.name_or_path == "tiny":
+        from gspo.models.tiny import build_tiny_model
+
         t = cfg.tiny
         model = build_tiny_model(tok, hidden_size=t.hidden_size, num_layers=t.num_layers, moe=t.moe,
                                  num_experts=t.num_experts, num_experts_per_tok=t.experts_per_tok, seed=cfg.seed,
@@ -72,7 +87,7 @@ def build_policy(cfg: Config, device: torch.device | None = None):
         model.to(device)
     else:
         model, tok = load_policy(m.name_or_path, dtype=m.dtype, device=str(device),
-                                 trust_remote_code=m.trust_remote_code)
+                                 trust_remote_code=m.trust_remote_code, tokenizer=tok)
     use_cpu_gqa_attention(model)  # a no-op off the CPU or without grouped-query attention
     if m.gradient_checkpointing:
         try:
@@ -92,7 +107,6 @@ def build_policy(cfg: Config, device: torch.device | None = None):
         except ValueError as e:  # peft's own refusal of a target (a Mamba mixer's out_proj, a name that matches nothing)
             raise ConfigError(f"config field 'lora.target_modules': {e}") from e
     set_trainer_mode(model, dropout=m.dropout)  # after every wrapper: one mode for every trainer pass
-    use_template_kwargs(tok, cfg.data.chat_template_kwargs)
     return model, tok
 
 
@@ -283,6 +297,18 @@ def _vllm_generator(cfg: Config, model, tok, d: Dist, workdir: Path | None = Non
                          world_size=d.world_size, quiet=not d.is_main)
 
 
+def fitted_rows(cfg: Config, rows: list[dict], eval_rows: list[dict], tok, schemas, cap: tuple[int, str], *,
+                say: bool, again: bool = False) -> tuple[list[dict], list[dict], int]:
+    """The training and held-out rows whose prompts fit `cap` (`fitting_prompts`), and how many
+    held-out ones did not; an error where too few training rows are left. `again`: a second
+    pass under a model's learned positions, whose notes on the prompts were said the first time."""
+    rows = fitting_prompts(cfg, rows, tok, schemas, say=say, cap=cap, notes=not again)
+    eval_rows, dropped_held = (filter_long_prompts(eval_rows, tok, cap[0], schemas, source=rows_source(cfg, held=True))
+                               if eval_rows else ([], 0))
+    enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
+    return rows, eval_rows, dropped_held
+
+
 def build_run(cfg: Config) -> Run:
     """Validate inputs cheapest-first, then load the model and build the step's objects."""
     setup_threads(cfg.threads)
@@ -318,10 +344,12 @@ def build_run(cfg: Config) -> Run:
         raise ConfigError("config field 'eval.enabled': held-out episodes under async mode with FSDP2 learners "
                           "would be played on a generator, which does not run them yet; set eval.enabled=false "
                           "or distributed.strategy=ddp")
+    tok = policy_tokenizer(cfg)                                          # tokenizer
+    schemas = checked_schemas(cfg, tools, tok, say=d.is_main)           # its chat template, for episodes
+    rows, eval_rows, dropped_held = fitted_rows(cfg, rows, eval_rows, tok, schemas, prompt_cap(cfg), say=d.is_main)
     job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
     seed_everything(cfg.seed)
-    model, tok = build_policy(cfg, d.device)                              # model
-    schemas = checked_schemas(cfg, tools, tok, say=d.is_main)           # its chat template, for episodes
+    model, tok = build_policy(cfg, d.device, tok)                         # model
     threads_for_model(cfg, model)
     if d.is_main:  # half precision where this CPU emulates it (measured after the thread count is set)
         settings = {"model.dtype": cfg.model.dtype, "model.mixed_precision": cfg.model.mixed_precision,
@@ -329,10 +357,9 @@ def build_run(cfg: Config) -> Run:
         for line in half_precision_warnings(settings, d.device):
             print(f"warning: {line}", file=sys.stderr)
     cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
-    rows = fitting_prompts(cfg, rows, tok, schemas, say=d.is_main, cap=cap)
-    eval_rows, dropped_held = (filter_long_prompts(eval_rows, tok, cap[0], schemas, source=rows_source(cfg, held=True))
-                               if eval_rows else ([], 0))
-    enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
+    if cap != prompt_cap(cfg):
+        rows, eval_rows, more = fitted_rows(cfg, rows, eval_rows, tok, schemas, cap, say=d.is_main, again=True)
+        dropped_held += more
     if d.is_main:
         say_held_out(cfg, eval_rows, dropped_held, cap)
     r = cfg.rollout
