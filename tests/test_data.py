@@ -232,6 +232,11 @@ def test_a_json_object_and_a_short_csv_row_are_refused_saying_what_they_are(tmp_
     (tmp_path / "obj.json").write_text(json.dumps({"data": [{"prompt": "x"}], "version": 1}, indent=2))
     with pytest.raises(DataError, match=r"one JSON object \(keys 'data', 'version'\), not an array of rows"):
         load_rows(tmp_path / "obj.json")
+    (tmp_path / "line.json").write_text(json.dumps({"data": [{"prompt": "x"}]}))  # on one line, as json.dump writes it
+    with pytest.raises(DataError, match=r"one JSON object \(keys 'data'\), not an array of rows"):
+        load_rows(tmp_path / "line.json")
+    (tmp_path / "row.json").write_text(json.dumps({"prompt": "x", "tags": [{"a": 1}]}))  # one row of JSON lines
+    assert load_rows(tmp_path / "row.json") == [{"prompt": "x", "tags": [{"a": 1}]}]
     (tmp_path / "short.csv").write_text("prompt,answer,level\n1+1=,2,1\n2+2=,4\n")
     with pytest.raises(DataError, match="row 3 has fewer cells than the header has columns"):
         load_rows(tmp_path / "short.csv")
@@ -584,3 +589,12 @@ def test_a_column_some_rows_lack_reaches_every_reward_call_as_none(tmp_path):
     assert [list(r) for r in rows] == [["prompt", "x", "y"]] * 4
     assert [r["y"] for r in rows] == [None, [1], None, None]
     assert reward_columns([rows[2], rows[0]], 2) == {"x": [None, None, 1, 1], "y": [None] * 4}
+
+
+def test_a_missing_split_of_a_folder_per_split_layout_names_the_splits_there_are(tmp_path):
+    """It named the files' own name ("part") as the splits found."""
+    for split in ("train", "validation"):
+        (tmp_path / "d" / split).mkdir(parents=True)
+        (tmp_path / "d" / split / "part-0.jsonl").write_text('{"prompt": "a"}\n')
+    with pytest.raises(DataError, match=r"no data files of split 'test' \(data.split\); splits found: train, validation$"):
+        load_rows(tmp_path / "d", split="test")

@@ -85,7 +85,9 @@ def _read_json(path: Path) -> list[dict]:
             whole = json.loads(text)
         except json.JSONDecodeError:
             whole = None
-        if isinstance(whole, dict) and "\n" in text.strip():
+        nested = isinstance(whole, dict) and not {"prompt", "messages"} & whole.keys() and any(
+            isinstance(v, list) and v and all(isinstance(x, dict) for x in v) for v in whole.values())
+        if isinstance(whole, dict) and ("\n" in text.strip() or nested):  # (one line of a row: JSON lines)
             keys = ", ".join(repr(k) for k in list(whole)[:8])
             raise DataError(f"{path}: one JSON object (keys {keys}), not an array of rows or JSON lines; write the "
                             f"rows as an array (e.g. the list under its key)")
@@ -219,7 +221,7 @@ def _read_data_folder(path: Path, split: str | None, split_field: str, held_out:
         chosen = files  # no split anywhere: one dataset
     else:
         raise DataError(f"{path}: no data files of split {want!r} ({split_field}); splits found: "
-                        f"{', '.join(sorted(set(names.values()))) if known else 'none (the files name no split)'}")
+                        f"{', '.join(known) if known else 'none (the files name no split)'}")
     configs = sorted({f.relative_to(path).parts[0] for f in chosen if len(f.relative_to(path).parts) > 1
                       and f.relative_to(path).parts[0] not in ("data", *SPLITS)})
     if len(configs) > 1:
