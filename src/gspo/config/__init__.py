@@ -92,7 +92,7 @@ def _shape(value, cls: type, prefix: str = ""):
                 v = {}
             elif not isinstance(v, dict):
                 raise ConfigError(f"config field '{name}': must be a mapping, e.g. {{key: value}}; got {v!r}")
-        elif hint in (int, float) and (isinstance(v, bool) or not _number(v)):
+        elif hint in (int, float) and (isinstance(v, bool) or not (_number(v) or "${" in str(v))):  # (${...}: OmegaConf's)
             raise ConfigError(f"config field '{name}': must be a number, got {v!r}")
         out[key] = v
     return out

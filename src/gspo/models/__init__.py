@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from gspo.config import ModelConfig
+from gspo.config import ConfigError, ModelConfig
 from gspo.models.modes import eval_mode, generation_mode, set_trainer_mode  # noqa: F401  (part of this package's API)
 
 _DTYPES = {
@@ -37,12 +37,27 @@ class ModelError(ValueError):
 
 
 def resolve_device(device: str | torch.device = ModelConfig.device) -> torch.device:
-    """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else is passed to torch."""
+    """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else is passed to torch. A
+    name torch does not know, or an accelerator this torch cannot reach, is one `ConfigError`
+    naming model.device, before any model loads."""
     if isinstance(device, torch.device):
         return device
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"config field 'model.device': {device!r} is not a device: use auto, cpu, cuda or "
+                          f"cuda:N ({str(e).splitlines()[0][:200]})") from None
+    module = getattr(torch, dev.type, None) if dev.type not in ("cpu", "meta") else None
+    if module is not None and hasattr(module, "is_available") and not module.is_available():
+        build = f"this torch {torch.__version__} sees no {dev.type} device"
+        raise ConfigError(f"config field 'model.device': {device!r}, but {build}; use model.device=auto or cpu")
+    if module is not None and dev.index is not None and hasattr(module, "device_count") \
+            and dev.index >= module.device_count():
+        raise ConfigError(f"config field 'model.device': {device!r}, but there are {module.device_count()} "
+                          f"{dev.type} devices")
+    return dev
 
 
 def _resolve_dtype(dtype) -> torch.dtype:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gspo.config import DistributedConfig, ModelConfig
+from gspo.config import ConfigError, DistributedConfig, ModelConfig
 
 
 @dataclass
@@ -135,6 +135,9 @@ def init_distributed(strategy: str, device: torch.device, backend: str = Distrib
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError(f"config field 'distributed.backend': nccl joins CUDA GPUs, and this process runs on "
+                          f"{device} (model.device); use distributed.backend=gloo (or auto)")
     if not dist.is_initialized():
         kw = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)

@@ -8,6 +8,7 @@ column, a requested checkpoint exists.
 from __future__ import annotations
 
 import math
+import contextlib
 import os
 import random
 import sys
@@ -26,7 +27,7 @@ from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_reward_columns, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
                                 rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
-from gspo.models import (base_model, load_tokenizer, half_precision_warnings, load_policy, position_limit, resolve_device,
+from gspo.models import (base_model, half_precision_warnings, load_policy, load_tokenizer, position_limit, resolve_device,
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
@@ -325,9 +326,6 @@ def build_run(cfg: Config) -> Run:
     for line in weight_dtype_notes(cfg):                                 # weights in half precision
         if d.is_main:
             print(f"warning: {line}", file=sys.stderr)
-    run_dir = cfg.run_dir
-    check_writable(run_dir)                                              # output dir
-    lock = claim_run_dir(run_dir, d)
     specs = checked_reward_specs(cfg)                                    # reward names
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
@@ -335,7 +333,6 @@ def build_run(cfg: Config) -> Run:
     check_reward_columns(cfg, rows)
     if cfg.eval.enabled:
         check_reward_columns(cfg, eval_rows, held=True)
-    resume_from = resume_point(cfg, d)                                   # checkpoint
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list) or tools is not None  # episodes are conversations
@@ -347,84 +344,100 @@ def build_run(cfg: Config) -> Run:
     tok = policy_tokenizer(cfg)                                          # tokenizer
     schemas = checked_schemas(cfg, tools, tok, say=d.is_main)           # its chat template, for episodes
     rows, eval_rows, dropped_held = fitted_rows(cfg, rows, eval_rows, tok, schemas, prompt_cap(cfg), say=d.is_main)
-    job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
-    seed_everything(cfg.seed)
-    model, tok = build_policy(cfg, d.device, tok)                         # model
-    threads_for_model(cfg, model)
-    if d.is_main:  # half precision where this CPU emulates it (measured after the thread count is set)
-        settings = {"model.dtype": cfg.model.dtype, "model.mixed_precision": cfg.model.mixed_precision,
-                    "rollout.mixed_precision": cfg.rollout.mixed_precision}
-        for line in half_precision_warnings(settings, d.device):
-            print(f"warning: {line}", file=sys.stderr)
-    cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
-    if cap != prompt_cap(cfg):
-        rows, eval_rows, more = fitted_rows(cfg, rows, eval_rows, tok, schemas, cap, say=d.is_main, again=True)
-        dropped_held += more
-    if d.is_main:
-        say_held_out(cfg, eval_rows, dropped_held, cap)
-    r = cfg.rollout
-    prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
-                           rank=d.rank, world_size=d.world_size)
-    mp = cfg.model.mixed_precision == "bf16"
-    # async mode samples on the generators: the learners hold no copy and no engine of their own
-    generator_model = model if asynchronous else distributed.generator_copy(model, d) or model
-    has_routers = bool(find_routers(model))
-    old_logp = resolve_old_logp(cfg, has_routers=has_routers)
-    cfg.algo.mismatch_correction = resolve_correction(cfg, old_logp)
-    # MoE routes come from the trainer's pi_old pass, or with the sampler's pi_old from gspo's decode loop (R3)
-    sampler_routes = old_logp == "sampler" and records_routes(cfg) and has_routers
-    routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
-    if cfg.algo.routing_replay and not (routes and routes.active):
-        raise ConfigError(f"config field 'algo.routing_replay': no routes to replay: {no_routers(model)}")
-    if cfg.algo.router_aux_loss_coef > 0:
-        if not has_routers:
-            raise ConfigError(f"config field 'algo.router_aux_loss_coef': no routers to balance: {no_routers(model)}")
-        routes = routes or RouteTracker(model)  # (its hooks see every router call of the update pass)
-        routes.aux = True
-    if routes is not None and (cfg.algo.routing_replay or routes.aux):  # routers they cannot serve: refused now
-        routes.check_rules(model, replay=cfg.algo.routing_replay, aux=routes.aux)
-    autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
+    run_dir = cfg.run_dir
+    made = not run_dir.exists()
+    check_writable(run_dir)                                              # output dir
+    lock = claim_run_dir(run_dir, d)
+    try:
+        resume_from = resume_point(cfg, d)                               # checkpoint
+        job = async_job.start_job(cfg, d.device, store) if asynchronous else None  # generators load as the learner does
+        seed_everything(cfg.seed)
+        model, tok = build_policy(cfg, d.device, tok)                    # model
+        threads_for_model(cfg, model)
+        if d.is_main:  # half precision where this CPU emulates it (measured after the thread count is set)
+            settings = {"model.dtype": cfg.model.dtype, "model.mixed_precision": cfg.model.mixed_precision,
+                        "rollout.mixed_precision": cfg.rollout.mixed_precision}
+            for line in half_precision_warnings(settings, d.device):
+                print(f"warning: {line}", file=sys.stderr)
+        cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
+        if cap != prompt_cap(cfg):
+            rows, eval_rows, more = fitted_rows(cfg, rows, eval_rows, tok, schemas, cap, say=d.is_main, again=True)
+            dropped_held += more
+        if d.is_main:
+            say_held_out(cfg, eval_rows, dropped_held, cap)
+        r = cfg.rollout
+        prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
+                               rank=d.rank, world_size=d.world_size)
+        mp = cfg.model.mixed_precision == "bf16"
+        # async mode samples on the generators: the learners hold no copy and no engine of their own
+        generator_model = model if asynchronous else distributed.generator_copy(model, d) or model
+        has_routers = bool(find_routers(model))
+        old_logp = resolve_old_logp(cfg, has_routers=has_routers)
+        cfg.algo.mismatch_correction = resolve_correction(cfg, old_logp)
+        # MoE routes come from the trainer's pi_old pass, or with the sampler's pi_old from gspo's decode loop (R3)
+        sampler_routes = old_logp == "sampler" and records_routes(cfg) and has_routers
+        routes = RouteTracker(model) if old_logp == "trainer" or sampler_routes else None  # the trainer's routers only
+        if cfg.algo.routing_replay and not (routes and routes.active):
+            raise ConfigError(f"config field 'algo.routing_replay': no routes to replay: {no_routers(model)}")
+        if cfg.algo.router_aux_loss_coef > 0:
+            if not has_routers:
+                raise ConfigError(f"config field 'algo.router_aux_loss_coef': no routers to balance: "
+                                  f"{no_routers(model)}")
+            routes = routes or RouteTracker(model)  # (its hooks see every router call of the update pass)
+            routes.aux = True
+        if routes is not None and (cfg.algo.routing_replay or routes.aux):  # routers they cannot serve: refused now
+            routes.check_rules(model, replay=cfg.algo.routing_replay, aux=routes.aux)
+        autocast = torch.bfloat16 if mp and not (d.enabled and d.strategy == "fsdp") else None
 
-    def logprob_module(policy):
-        return LogprobModule(policy, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
-                             autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
-                             share_min_work=cfg.model.share_prompt_min_work)
+        def logprob_module(policy):
+            return LogprobModule(policy, temperature=r.temperature, chunk_size=cfg.model.logprob_chunk_size,
+                                 autocast_dtype=autocast, share_prompt=cfg.model.share_prompt,
+                                 share_min_work=cfg.model.share_prompt_min_work)
 
-    base_weights = base_weights_fingerprint(cfg, model)  # before any checkpoint is loaded into it
-    frozen = frozen_copy(model) if needs_reference(cfg) and not cfg.lora.enabled else None  # before sharding
-    trainer = distributed.wrap_for_training(logprob_module(model), model, d, mixed_precision=cfg.model.mixed_precision,
-                                            reshard_after_forward=cfg.distributed.reshard_after_forward)
-    reference = None  # pi_ref's forward, through the trainer's own chunked log-prob path
-    if frozen is not None:
-        reference = distributed.wrap_frozen(logprob_module(frozen), frozen, d, mixed_precision=cfg.model.mixed_precision)
-    elif needs_reference(cfg):  # LoRA: the base model is the trainer with its adapters off
-        reference = AdaptersOff(trainer, model)
-    if r.backend == "vllm" and not asynchronous:  # (async: the engines run on the generators)
-        generator = _vllm_generator(cfg, generator_model, tok, d)
-    else:
-        generator = hf_generator(cfg, generator_model, tok)
-        if sampler_routes and not asynchronous:  # every rollout carries the routes its decode loop chose
-            generator.routes = RouteTracker(generator_model)
-    params = [p for p in trainer.parameters() if p.requires_grad]
-    o = cfg.optim
-    # the fused kernel: one pass over each parameter (on a CPU ~4x faster than the default loop)
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    optimizer = torch.optim.AdamW(param_groups(cfg, trainer, params), lr=o.lr, betas=(o.beta1, o.beta2),
-                                  eps=o.adam_eps, weight_decay=o.weight_decay, fused=fused or None)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
-                          num_workers=cfg.rewards.num_workers)
-    remote = None
-    if job is not None:
-        async_job.connect(job, cfg, d.device)
-        remote = async_mode.AsyncRollouts(cfg, job, model, tok, prompts, cfg.schedule.rollouts)
-    if d.is_main and resume_from is None:  # the run is set up (a resume writes it once it goes on: `loop.train`)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
-               generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
-               scheduler=scheduler, chat=chat, old_logp=old_logp, routes=routes if routes and routes.active else None,
-               resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights, lock=lock,
-               tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
+        base_weights = base_weights_fingerprint(cfg, model)  # before any checkpoint is loaded into it
+        frozen = frozen_copy(model) if needs_reference(cfg) and not cfg.lora.enabled else None  # before sharding
+        trainer = distributed.wrap_for_training(logprob_module(model), model, d,
+                                                mixed_precision=cfg.model.mixed_precision,
+                                                reshard_after_forward=cfg.distributed.reshard_after_forward)
+        reference = None  # pi_ref's forward, through the trainer's own chunked log-prob path
+        if frozen is not None:
+            reference = distributed.wrap_frozen(logprob_module(frozen), frozen, d,
+                                                mixed_precision=cfg.model.mixed_precision)
+        elif needs_reference(cfg):  # LoRA: the base model is the trainer with its adapters off
+            reference = AdaptersOff(trainer, model)
+        if r.backend == "vllm" and not asynchronous:  # (async: the engines run on the generators)
+            generator = _vllm_generator(cfg, generator_model, tok, d)
+        else:
+            generator = hf_generator(cfg, generator_model, tok)
+            if sampler_routes and not asynchronous:  # every rollout carries the routes its decode loop chose
+                generator.routes = RouteTracker(generator_model)
+        params = [p for p in trainer.parameters() if p.requires_grad]
+        o = cfg.optim
+        # the fused kernel: one pass over each parameter (on a CPU ~4x faster than the default loop)
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+        optimizer = torch.optim.AdamW(param_groups(cfg, trainer, params), lr=o.lr, betas=(o.beta1, o.beta2),
+                                      eps=o.adam_eps, weight_decay=o.weight_decay, fused=fused or None)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        runner = RewardRunner(specs, timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error,
+                              num_workers=cfg.rewards.num_workers)
+        remote = None
+        if job is not None:
+            async_job.connect(job, cfg, d.device)
+            remote = async_mode.AsyncRollouts(cfg, job, model, tok, prompts, cfg.schedule.rollouts)
+        if d.is_main and resume_from is None:  # the run is set up (a resume writes it once it goes on: `loop.train`)
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
+                   generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
+                   scheduler=scheduler, chat=chat, old_logp=old_logp,
+                   routes=routes if routes and routes.active else None,
+                   resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights, lock=lock,
+                   tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
+    except BaseException:  # a run that never started leaves no directory of its own behind
+        release_run_dir(lock)
+        if made and d.is_main:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()
+        raise
 
 
 def param_groups(cfg: Config, trainer, params: list) -> list[dict]:

@@ -1,0 +1,70 @@
+"""The config surface: values that load (OmegaConf interpolation in any field) and values refused
+with one error naming the field before any model loads (a device this torch cannot reach, an
+optimizer setting torch would refuse, a process-group backend for hardware that is not there).
+Each test here failed before the fix it guards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gspo.cli import main
+from gspo.config import ConfigError, load_config
+
+
+def test_interpolation_works_in_number_fields_as_in_text_fields(monkeypatch):
+    """`${...}` was refused in number fields ("must be a number, got '${...}'") before OmegaConf
+    could resolve it."""
+    monkeypatch.setenv("GSPO_TEST_G", "6")
+    cfg = load_config(None, ["rollout.group_size=${rollout.prompts_per_step}", "optim.lr=${oc.env:GSPO_TEST_G}",
+                             "output.name=run-${rollout.group_size}"])
+    assert cfg.rollout.group_size == cfg.rollout.prompts_per_step and isinstance(cfg.rollout.group_size, int)
+    assert cfg.optim.lr == 6.0 and cfg.output.name == f"run-{cfg.rollout.prompts_per_step}"
+    with pytest.raises(ConfigError, match=r"config field 'rollout.group_size'.*could not be converted to Integer"):
+        load_config(None, ["rollout.group_size=${output.name}"])
+    with pytest.raises(ConfigError, match="config field 'rollout.group_size': must be a number"):
+        load_config(None, ["rollout.group_size=many"])
+
+
+@pytest.mark.parametrize("eps", ["-1", "nan", "inf"])
+def test_adam_eps_out_of_range_is_refused_naming_the_field(eps):
+    """torch's "Invalid epsilon value" came after the model loaded, without the field's name."""
+    with pytest.raises(ConfigError, match="config field 'optim.adam_eps': must be a finite number >= 0"):
+        load_config(None, [f"optim.adam_eps={eps}"])
+
+
+@pytest.mark.parametrize("device", ["tpu", "gpu", "cuda", "cuda:1"], ids=["tpu", "a-gpu", "cuda", "cuda-1"])
+def test_a_device_torch_cannot_use_is_refused_before_the_model_loads(tmp_path, capsys, device):
+    """'tpu' was torch's RuntimeError with a traceback (exit 1); 'cuda' on a CPU-only torch failed
+    in model.to() after the weights had loaded."""
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        pytest.skip("this machine has the device")
+    assert main(["train", f"model.device={device}", f"output.dir={tmp_path}", "output.name=x"]) == 2
+    err = capsys.readouterr().err
+    assert f"config field 'model.device': '{device}'" in err and "Traceback" not in err, err[-1500:]
+    assert not (tmp_path / "x").exists()
+
+
+def test_nccl_on_a_process_without_a_gpu_is_refused_naming_the_backend(monkeypatch):
+    """torch's "init_process_group device_id parameter must be an accelerator with an index",
+    once per rank, named no field."""
+    from gspo.train import distributed
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: pytest.fail("joined a group"))
+    with pytest.raises(ConfigError, match="config field 'distributed.backend': nccl joins CUDA GPUs"):
+        distributed.init_distributed("fsdp", torch.device("cpu"), "nccl")
+
+
+def test_a_run_that_fails_before_it_starts_leaves_no_directory(saved, tmp_path, capsys):
+    """A bad input found after the run directory was claimed (a model that does not load) left
+    runs/NAME/ behind holding only its lock."""
+    import shutil
+
+    model = shutil.copytree(saved("qwen3"), tmp_path / "model")
+    (model / "model.safetensors").write_bytes(b"\0" * 8)
+    assert main(["train", f"model.name_or_path={model}", "rollout.max_new_tokens=4", f"output.dir={tmp_path}",
+                 "output.name=x"]) == 2
+    assert "could not load model" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
