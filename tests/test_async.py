@@ -400,3 +400,35 @@ def test_async_on_a_saved_checkpoint_with_chat_data_matches_sync(saved, tmp_path
     gspo_train(tmp_path, "async", *common, *ASYNC, "rollout.max_staleness=0")
     assert_same_params(tmp_path / "sync", tmp_path / "async")
     assert comparable(tmp_path / "sync") == comparable(tmp_path / "async")
+
+
+def test_the_entry_point_ends_a_process_whose_job_left_a_receive_pending_with_os_exit(monkeypatch, capsys):
+    """After a generator died, the interpreter's own exit destroyed the job's groups under a
+    pending receive and gloo aborted the process (exit 134, "terminate called without an active
+    exception", 1 run in 20) after the run had saved and said why it stopped."""
+    import sys
+
+    from gspo import cli
+    from gspo.train import async_job
+
+    class Exited(BaseException):
+        pass
+
+    def exit_(rc):
+        raise Exited(rc)
+
+    def stopped(argv):
+        async_job.close_job(async_job.Job(world_size=2), grace_s=0, clean=False)  # a receive still pending
+        print("gspo train: stopped: generator 1 died", file=sys.stderr)
+        return 1
+
+    monkeypatch.setattr(cli, "_main", stopped)
+    monkeypatch.setattr(cli.os, "_exit", exit_)
+    monkeypatch.setattr(async_job, "LEFT_PENDING", False)
+    assert cli.main(["train"]) == 1  # called with arguments (a library call, a test): it returns
+    with pytest.raises(Exited) as e:
+        cli.main()  # the process's entry point
+    assert e.value.args == (1,) and "generator 1 died" in capsys.readouterr().err
+    monkeypatch.setattr(async_job, "LEFT_PENDING", False)
+    async_job.close_job(async_job.Job(world_size=2), grace_s=0)  # closed cleanly: the interpreter's exit is safe
+    assert not async_job.LEFT_PENDING

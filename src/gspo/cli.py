@@ -204,11 +204,34 @@ class PipeSafe:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `gspo` command. Called without `argv` it is the process's entry point (the console
+    script, `python -m gspo`), and ends the process itself where the interpreter's own exit would
+    abort it (`async_job.LEFT_PENDING`)."""
     try:
-        return _main(argv)
+        rc = _main(argv)
     except KeyboardInterrupt:  # Ctrl-C while torch and transformers import, before a command runs
         print("gspo: interrupted", file=sys.stderr)
-        return 130
+        rc = 130
+    except Exception:
+        if argv is not None or not _left_pending():
+            raise
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    if argv is None and _left_pending():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    return rc
+
+
+def _left_pending() -> bool:
+    job = sys.modules.get("gspo.train.async_job")  # (imported only by a run in async mode)
+    return bool(getattr(job, "LEFT_PENDING", False))
 
 
 def _main(argv: list[str] | None) -> int:

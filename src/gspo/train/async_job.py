@@ -213,3 +213,13 @@ def close_job(job: Job, grace_s: float = 10.0, clean: bool = True) -> None:
             p.wait()
     if clean and not any(p.returncode not in (0, None) for p in job.procs):
         job.pg = job.weights_pg = None
+    else:
+        global LEFT_PENDING
+        LEFT_PENDING = True
+
+
+# A job closed with an operation on its groups still pending (a receive from a generator that
+# died): the interpreter's own exit would destroy the groups under it, and gloo then aborts the
+# process (exit 134, "terminate called without an active exception") after the run has saved and
+# said why it stopped. `gspo`'s entry point ends such a process with os._exit instead.
+LEFT_PENDING = False
