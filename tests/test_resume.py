@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from gspo.cli import main
+from gspo.config import load_config
 from gspo.train.checkpoint import find_resume_checkpoint
 from zygote import gspo, gspo_popen
 
@@ -98,6 +99,10 @@ def test_a_resume_with_changed_settings_says_which(tmp_path):
     p = gspo_train(tmp_path, "run", "schedule.rollouts=2", "resume=auto", "optim.lr=0.01", "rollout.group_size=2")
     assert "settings that differ from the checkpoint's: rollout.group_size: 4 -> 2; optim.lr: 0.001 -> 0.01" \
         in p.stderr, p.stderr[-2000:]
+    # the optimizer's state brought its lr back: the run's config records that one, not 0.01, which never acted
+    assert "optim.lr stay the checkpoint's" in p.stderr
+    assert load_config(tmp_path / "run" / "config.yaml").optim.lr == 0.001
+    assert {r["lr"] for r in metrics_without_timings(tmp_path / "run") if "lr" in r} == {0.001}
     p = gspo_train(tmp_path, "run", "schedule.rollouts=3", "resume=auto", "lora.enabled=true", check=False)
     assert p.returncode == 2 and "config field 'lora.enabled': a resume continues the checkpoint's model" in p.stderr
 

@@ -6,8 +6,8 @@
 - A run directory that holds a run is refused without `resume=auto` (one run per directory),
   and so is one another live process is running in (`claim_run_dir`).
 - Settings that differ from the checkpoint's are listed in a warning (`changed_settings`): the
-  optimizer's state and learning rate come from the checkpoint, so `optim.*` changes do not
-  act; the learning-rate schedule (`schedule.*`) acts from the checkpoint's step on. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
+  optimizer's state and hyperparameters come from the checkpoint, so changes of those do not
+  act, and the run's config keeps the checkpoint's (`keep_optimizer_settings`); the learning-rate schedule (`schedule.*`) acts from the checkpoint's step on. A changed LoRA or tiny-model shape, which the checkpoint's weights would not
   fit, is refused before the model loads.
 - The starting weights a run's checkpoints do not hold (LoRA's base, the KL reference) must
   still be the ones at model.name_or_path (`base_weights_fingerprint`, `check_base_weights`).
@@ -46,6 +46,24 @@ def changed_settings(checkpoint_dir: Path, cfg: Config) -> list[str]:
     old, new = flat_config(from_yaml_text(path.read_text())), flat_config(cfg)
     return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in new.items()
             if not k.startswith(FREE) and v != "auto" and old.get(k) != v]
+
+
+# the settings the optimizer's own state holds (its param groups), which a resume takes from the checkpoint
+OPTIMIZER_HELD = ("lr", "beta1", "beta2", "adam_eps", "weight_decay", "router_lr_scale")
+
+
+def keep_optimizer_settings(checkpoint_dir: Path, cfg: Config, changed: list[str]) -> list[str]:
+    """Set `cfg`'s optimizer hyperparameters that `changed` lists back to the checkpoint's: the
+    optimizer's state brings those back, so the run's config.yaml (and its report) would record
+    values that never acted. Returns the fields set back."""
+    from gspo.config import from_yaml_text
+
+    names = [f"optim.{k}" for k in OPTIMIZER_HELD if any(c.startswith(f"optim.{k}:") for c in changed)]
+    if names:
+        old = from_yaml_text((checkpoint_dir / ckpt.CONFIG_FILE).read_text()).optim
+        for n in names:
+            setattr(cfg.optim, n.split(".", 1)[1], getattr(old, n.split(".", 1)[1]))
+    return names
 
 
 LOCK = ".lock"  # the pid of the process that runs in a run directory
@@ -104,9 +122,11 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
     if shape:  # the checkpoint's weights would not fit the model built from these settings
         raise ConfigError(f"config field '{shape[0].split(':')[0]}': a resume continues the checkpoint's model, "
                           f"which these settings change ({'; '.join(shape)}); start a new run (output.name) instead")
+    kept = keep_optimizer_settings(resume_from, cfg, changed) if changed else []
     if changed and d.is_main:
+        stay = f" ({', '.join(kept)} stay the checkpoint's, as the run's config.yaml records)" if kept else ""
         print(f"warning: resuming with settings that differ from the checkpoint's: {'; '.join(changed)}. "
-              "The optimizer's state and learning rate (optim.*) come from the checkpoint, and the learning-rate "
+              f"The optimizer's state and hyperparameters come from the checkpoint{stay}, and the learning-rate "
               "schedule (schedule.*) acts from the checkpoint's step on; "
               "a changed model, data or batch shape makes this no longer the run it continues", file=sys.stderr)
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
