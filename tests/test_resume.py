@@ -138,6 +138,23 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_under_resume_auto(
     assert p.returncode == 2 and "already holds a run; continue it with resume=auto" in p.stderr
 
 
+def test_a_restart_sets_aside_only_what_the_run_wrote(tmp_path):
+    """A run directory that also held the user's own files (here: the model folder itself) had
+    them all moved into stopped-<time>/ by the restart, model included, which then failed."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    (mine / "NOTES.txt").write_text("my notes")
+    p = gspo_train(tmp_path, "mine", "checkpoint.every=0", "schedule.rollouts=2", faults="exit_after_rollout=1",
+                   check=False)
+    assert p.returncode == 3 and "already holds files no gspo run wrote (NOTES.txt, config.json)" in p.stderr
+    p = gspo_train(tmp_path, "mine", "checkpoint.every=0", "schedule.rollouts=2", "resume=auto")
+    assert "holds no whole checkpoint" in p.stderr and "no gspo run wrote" not in p.stderr
+    assert (mine / "NOTES.txt").read_text() == "my notes" and (mine / "config.json").is_file()
+    aside = next(x for x in mine.iterdir() if x.name.startswith("stopped-"))
+    assert sorted(x.name for x in aside.iterdir()) == ["completions", "config.yaml", "metrics.jsonl"]
+
+
 def test_a_kill_while_final_is_written_leaves_no_final_and_resume_writes_it(tmp_path, straight):
     p = gspo_train(tmp_path, "run", faults="kill_in_final=1", check=False)
     assert p.returncode == -signal.SIGKILL

@@ -96,14 +96,27 @@ def release_run_dir(lock: Path | None) -> None:
         pass
 
 
+# what a run writes in its directory (and `gspo report`, `gspo demo`): all that a restart sets aside
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "completions", ckpt.CHECKPOINTS, "final", "final.partial",
+               "trackers.json", "tensorboard", "wandb", "mlruns", "vllm", "report.html", "plots", "summary.json",
+               "warmup", ".gspo-demo")
+
+
 def set_aside(run_dir: Path) -> Path:
-    """Move what a run directory holds into run_dir/stopped-<UTC time>/ (earlier such folders stay)."""
+    """Move what a run wrote in its directory (`RUN_ENTRIES`) into run_dir/stopped-<UTC time>/
+    (earlier such folders stay); files the run did not write stay where they are."""
     aside = run_dir / f"stopped-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S%fZ}"
     aside.mkdir()
     for entry in sorted(run_dir.iterdir()):
-        if entry != aside and not entry.name.startswith("stopped-") and entry.name != LOCK:
+        if entry.name in RUN_ENTRIES:
             shutil.move(str(entry), str(aside / entry.name))
     return aside
+
+
+def foreign_entries(run_dir: Path) -> list[str]:
+    """What a run directory holds that no gspo run wrote there (a user's own files)."""
+    return sorted(e.name for e in run_dir.iterdir() if e.name not in RUN_ENTRIES and e.name != LOCK
+                  and not e.name.startswith(("stopped-", ".write-test-")))
 
 
 def resume_point(cfg: Config, d: Dist) -> Path | None:
@@ -129,6 +142,11 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
               f"The optimizer's state and hyperparameters come from the checkpoint{stay}, and the learning-rate "
               "schedule (schedule.*) acts from the checkpoint's step on; "
               "a changed model, data or batch shape makes this no longer the run it continues", file=sys.stderr)
+    foreign = foreign_entries(run_dir) if resume_from is None and not restart and d.is_main else []
+    if foreign:
+        print(f"warning: run directory {run_dir} already holds files no gspo run wrote ({', '.join(foreign[:4])}"
+              f"{', ...' if len(foreign) > 4 else ''}); the run writes its own beside them (output.dir / output.name "
+              "choose another directory)", file=sys.stderr)
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if restart:
         if d.is_main:
