@@ -309,3 +309,49 @@ def test_every_tracker_name_the_config_accepts_has_a_class():
     from gspo.report.trackers import TRACKERS
 
     assert tuple(TRACKERS) == TRACKER_NAMES
+
+
+def test_a_moved_run_logs_to_the_mlflow_store_in_its_own_folder(tmp_path):
+    """trackers.json kept the file store's absolute path: a copied run, resumed, logged into the
+    original's store, and a moved one stopped with MLflow's traceback."""
+    import shutil
+
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=1", "schedule.num_minibatches=2", "logging.report_to=mlflow")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "trackers.json").read_text())["mlflow"]["tracking_uri"] is None
+    (tmp_path / "moved").mkdir()
+    shutil.move(tmp_path / "run", tmp_path / "moved" / "run")
+    p = gspo_train(tmp_path / "moved", "run", "schedule.rollouts=2", "schedule.num_minibatches=2",
+                   "logging.report_to=mlflow", "resume=auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not (tmp_path / "run").exists(), sorted(str(x) for x in (tmp_path / "run").rglob("*"))[:10]
+    steps = {s for h in mlflow_metrics(tmp_path / "moved" / "run").values() for s, _ in h}
+    assert steps == {0, 1, 2, 3, 4}
+
+
+def test_a_table_a_kill_kept_from_mlflow_is_replayed_with_the_run(tmp_path):
+    """MLflow held the record of a step whose completions table a kill had not let it log: the
+    catch-up skipped both, and the table was lost for good."""
+    from gspo.report.trackers import MLflow, Trackers
+
+    cfg = load_config(None, [f"output.dir={tmp_path}", "output.name=run"])
+    run = cfg.run_dir
+    (run / "completions").mkdir(parents=True)
+    rows = [{"step": 1, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.0, "finish_reason": "eos"}]
+    for step in (1, 2):
+        (run / "completions" / f"step-{step:06d}.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.5 * s}) + "\n" for s in (1, 2)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    with mock.patch.dict(os.environ, env, clear=True):
+        first = MLflow(cfg, {}, 0)
+        t = Trackers([first])
+        t.log({"step": 1, "loss": 0.5})
+        t.table(1, rows)
+        t.log({"step": 2, "loss": 1.0})  # killed here, before step 2's table
+        again = MLflow(cfg, first.state, 2)
+        assert (again.held, again.table_held) == (2, 1)
+        Trackers([again]).catch_up(run, 2)
+        client, _ = mlflow_client(run)
+        files = [f.path for f in client.list_artifacts(again.run_id, "completions")]
+        assert files == ["completions/step-000001.json", "completions/step-000002.json"]
+        assert [m.step for m in client.get_metric_history(again.run_id, "loss")] == [1, 2]

@@ -75,20 +75,21 @@ class Trackers:
     def table(self, step: int, rows: list[dict]) -> None:
         columns, data = completions_table(rows)
         for t in self.trackers:
-            if step > t.held:
+            if step > _table_held(t):
                 t.table(step, columns, data)
 
     def catch_up(self, run_dir: Path, last_step: int) -> None:
         """Replay the records and completions of steps in (held, last_step] from the run
         directory, in step order (W&B drops a step lower than one it has seen)."""
-        if all(t.held >= last_step for t in self.trackers) or not (run_dir / "metrics.jsonl").exists():
+        if all(min(t.held, _table_held(t)) >= last_step for t in self.trackers) or \
+                not (run_dir / "metrics.jsonl").exists():
             return
         tables = {int(p.stem.split("-")[1]): p for p in (run_dir / "completions").glob("step-*.jsonl")}
         for rec in read_metrics(run_dir / "metrics.jsonl"):  # (truncated to last_step on resume)
             step = rec["step"]
-            behind = Trackers([t for t in self.trackers if t.held < step <= last_step])
-            behind.log(rec)
+            Trackers([t for t in self.trackers if t.held < step <= last_step]).log(rec)
             if step in tables:  # a completions table is logged after its step's record
+                behind = Trackers([t for t in self.trackers if _table_held(t) < step <= last_step])
                 behind.table(step, [json.loads(x) for x in tables[step].read_text().splitlines()])
 
     def close(self) -> None:
@@ -101,6 +102,12 @@ class Trackers:
                 error = error or e
         if error is not None:
             raise error
+
+
+def _table_held(tracker) -> int:
+    """The last step whose completions table `tracker` holds: its `held` step, unless it can tell
+    the tables apart (MLflow's artifacts), where a kill may have fallen between the two."""
+    return getattr(tracker, "table_held", tracker.held)
 
 
 def scalars(record: dict) -> dict[str, float]:
@@ -298,7 +305,10 @@ class Trackio(_RunLogger):
         # reached the store (a kill can lose it all), another run's is not
         if saved and self.run.id != saved["id"] and self.held >= 0:
             raise ConfigError(f"config field 'output.name': trackio's project {project} holds a newer run named "
-                              f"{name} than this one ({saved['id']}); resume cannot reattach to it")
+                              f"{name} than this one ({saved['id']}; another run directory used the name since), and "
+                              f"trackio resumes the newest; to resume, leave trackio out of logging.report_to, or "
+                              f"remove the 'trackio' entry of {cfg.run_dir / 'trackers.json'} to log the rest to a "
+                              f"new trackio run")
         self.state = {"project": project, "id": self.run.id}
 
 
@@ -312,8 +322,12 @@ class MLflow:
     package = "mlflow"
 
     def __init__(self, cfg: Config, saved: dict, step: int):
-        uri = saved.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or \
-            (cfg.run_dir / "mlruns").resolve().as_uri()
+        own = (cfg.run_dir / "mlruns").resolve().as_uri()  # the run's own file store, wherever its folder is now
+        stored = saved.get("tracking_uri")
+        if stored and stored.startswith("file:") and urlparse(stored).path.rstrip("/").endswith("/mlruns"):
+            stored = None  # (the run folder's own store, recorded where the run began: it may have moved since)
+        uri = own if saved else os.environ.get("MLFLOW_TRACKING_URI") or own
+        uri = stored or uri
         if uri.startswith("file:"):  # MLflow 3 refuses its file store without this opt-in, and
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no database store
         from mlflow.entities import Param
@@ -322,8 +336,17 @@ class MLflow:
         self.client = MlflowClient(tracking_uri=uri)
         if saved:
             self.run_id = saved["run_id"]
-            self.client.update_run(self.run_id, status="RUNNING")
+            try:
+                self.client.update_run(self.run_id, status="RUNNING")
+            except Exception as e:  # noqa: BLE001 (mlflow's MlflowException: the run is not in this store)
+                raise ConfigError(f"config field 'logging.report_to': the MLflow run {self.run_id} this run logged to "
+                                  f"is not in {uri} ({str(e).splitlines()[0][:200]}); to log the rest of the run to a "
+                                  f"new MLflow run, remove the 'mlflow' entry of {cfg.run_dir / 'trackers.json'}") from None
+            if uri == own:
+                _follow_moved_store(self.client, self.run_id, own)
             self.held = self._last_step()
+            done = self.client.list_artifacts(self.run_id, "completions")  # a kill can fall between a record and its table
+            self.table_held = max((int(Path(f.path).stem.split("-")[1]) for f in done), default=-1)
         else:
             exp = self.client.get_experiment_by_name(cfg.logging.project)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.logging.project)
@@ -331,8 +354,8 @@ class MLflow:
             params = [Param(k, str(v)) for k, v in flat_config(cfg).items()]
             for i in range(0, len(params), 100):  # (log_batch takes 100 params at a time)
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
-            self.held = -1
-        self.state = {"tracking_uri": uri, "run_id": self.run_id}
+            self.held = self.table_held = -1
+        self.state = {"tracking_uri": None if uri == own else uri, "run_id": self.run_id}
 
     def _last_step(self) -> int:
         keys = self.client.get_run(self.run_id).data.metrics
@@ -349,6 +372,22 @@ class MLflow:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
+
+
+def _follow_moved_store(client, run_id: str, own: str) -> None:
+    """A run folder moved or copied since its MLflow file store was made: the store's meta.yaml
+    files still name the artifact folders where it began (MLflow writes absolute URIs), so the
+    run's tables would go there. Rewrite them to the store where it is now."""
+    info = client.get_run(run_id).info
+    tail = f"/{info.experiment_id}/{run_id}/artifacts"
+    began = info.artifact_uri[: -len(tail)] if info.artifact_uri.endswith(tail) else None
+    if began is None or began == own or not began.startswith("file:"):
+        return
+    store = Path(urlparse(own).path)
+    for meta in [*store.glob("*/meta.yaml"), *store.glob("*/*/meta.yaml")]:
+        text = meta.read_text()
+        if began + "/" in text:
+            meta.write_text(text.replace(began + "/", own + "/"))
 
 
 TRACKERS = {"tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio, "mlflow": MLflow}
