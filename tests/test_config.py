@@ -68,3 +68,31 @@ def test_a_run_that_fails_before_it_starts_leaves_no_directory(saved, tmp_path, 
                  "output.name=x"]) == 2
     assert "could not load model" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_lr_beyond_float32_is_refused():
+    with pytest.raises(ConfigError, match="config field 'optim.lr': must be a number > 0 and below float32's range"):
+        load_config(None, ["optim.lr=1e39"])
+
+
+def test_a_step_that_makes_weights_non_finite_stops_the_run_without_saving_them(tmp_path):
+    """A step with a finite loss and gradient norm that the optimizer took past float32's range
+    went unnoticed: the NaN model then drew only equal rewards, its zero-advantage steps counted
+    as finite, and the run ended with exit 0, a NaN final/ and NaN checkpoints."""
+    from types import SimpleNamespace
+
+    from gspo.train.distributed import Dist
+    from gspo.train.loop import TrainerState, _optimizer_step
+    from gspo.train.produce import TrainingError
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=1e30)
+    run = SimpleNamespace(optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), dist=Dist(),
+                          cfg=load_config(None, ["optim.lr=1e30", f"output.dir={tmp_path}"]))
+    state = TrainerState()
+    w.grad = torch.full((3,), 1e-30)  # a finite step: w moves by 1
+    _optimizer_step(run, state, loss=0.5, grad_norm=1.0)
+    assert state.step == 1 and torch.isfinite(w).all()
+    w.grad = torch.full((3,), 1e10)  # finite loss and gradient, but 1e40 past the range
+    with pytest.raises(TrainingError, match="optimizer step 2 made weights non-finite .*it had no checkpoint yet"):
+        _optimizer_step(run, state, loss=0.5, grad_norm=1e10)

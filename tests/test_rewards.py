@@ -531,12 +531,33 @@ def huge(prompts, completions, **kwargs):
     return [1e39 if c == "b" else 1.0 for c in completions]
 
 
+def huger(prompts, completions, **kwargs):
+    return [1e300 if c == "b" else 1.0 for c in completions]
+
+
 def test_a_finite_reward_beyond_float32_is_one_error_naming_it():
     """1e39 is finite (the contract's), but the rewards are float32: it would turn into inf and
     stop the run as bad input. It is a reward error naming the sample, the function and weight."""
     with RewardRunner([RewardSpec(huge, weight=2.0)], num_workers=0) as r:
         assert r.score(["p", "p"], ["a", "a"], {}).rewards.tolist() == [2.0, 2.0]
         with pytest.raises(RewardError, match=r"sample 1 is 2e\+39 \(huge 1e\+39 x 2\), beyond what float32 holds"):
+            r.score(["p", "p"], ["a", "b"], {})
+    # a weighted sum past float64's own range: inf before float32 (it was `group_advantages`' "bad input", exit 2)
+    with RewardRunner([RewardSpec(huger, weight=1e10)], num_workers=0) as r:
+        with pytest.raises(RewardError, match=r"sample 1 is inf \(huger 1e\+300 x 1e\+10\), beyond what float32"):
+            r.score(["p", "p"], ["a", "b"], {})
+
+
+def too_big_an_int(prompts, completions, **kwargs):
+    return [10 ** 400 for _ in completions]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_an_int_no_float_can_hold_is_a_bad_value_not_a_raise(on_error):
+    """10**400 made gspo's own value check raise OverflowError, reported as the function raising
+    (and, under skip, counted as a failure and dropped)."""
+    with RewardRunner([RewardSpec(too_big_an_int)], num_workers=0, on_error=on_error) as r:
+        with pytest.raises(RewardError, match=r"'too_big_an_int' returned 1000.* for sample 0; values must be finite"):
             r.score(["p", "p"], ["a", "b"], {})
 
 

@@ -126,7 +126,7 @@ def validate(cfg: Config) -> None:
     _check(s.lr_schedule in ("constant", "cosine"), "schedule.lr_schedule", f"'{s.lr_schedule}' is not constant | cosine")
     _check(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
     o = cfg.optim
-    _check(o.lr > 0 and math.isfinite(o.lr), "optim.lr", "must be a finite number > 0")
+    _check(0 < o.lr < 3.4e38, "optim.lr", "must be a number > 0 and below float32's range (3.4e38)")
     _check(0 <= o.beta1 < 1, "optim.beta1", f"must be in [0, 1), got {o.beta1}")
     _check(0 <= o.beta2 < 1, "optim.beta2", f"must be in [0, 1), got {o.beta2}")
     _check(o.weight_decay >= 0 and math.isfinite(o.weight_decay), "optim.weight_decay", "must be a finite number >= 0")

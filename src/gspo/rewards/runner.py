@@ -47,7 +47,7 @@ def _check_values(values: Any, n: int, name: str) -> list[float | None]:
             v = v.item()
         if v is None:
             out.append(None)
-        elif isinstance(v, numbers.Real) and math.isfinite(v):
+        elif isinstance(v, numbers.Real) and _finite(v):
             out.append(float(v))
         else:
             raise RewardError(
@@ -55,6 +55,14 @@ def _check_values(values: Any, n: int, name: str) -> list[float | None]:
                 "int, float or bool, or None when the sample cannot be scored (not NaN)"
             )
     return out
+
+
+def _finite(v: numbers.Real) -> bool:
+    """Finite, and a float can hold it (a Python int past 1.8e308 cannot)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def by_keyword(fn) -> bool:
@@ -407,7 +415,7 @@ class RewardRunner:
         if any(w != 0.0 for w in self.weights):
             total[~scored | failed] = math.nan
         rewards = total.float()
-        over = torch.isinf(rewards) & torch.isfinite(total)  # finite values float32 cannot hold
+        over = torch.isinf(rewards) & ~torch.isnan(total)  # sums float32 cannot hold (float64's own overflow too)
         if bool(over.any()):
             i = int(over.nonzero()[0])
             parts = ", ".join(f"{name} {per_function[name][i]:g} x {w:g}" for name, w in zip(self.names, self.weights))

@@ -335,6 +335,11 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
     advance the schedule."""
     if math.isfinite(loss) and math.isfinite(grad_norm):
         run.optimizer.step()
+        if not weights_finite(run):  # a finite step the optimizer took too far (an lr far too large)
+            raise TrainingError(
+                f"optimizer step {state.step + 1} made weights non-finite (its loss {loss:.4g} and gradient norm "
+                f"{grad_norm:.4g} were finite; optim.lr={run.cfg.optim.lr:g}); nothing of it was saved: "
+                f"{kept_note(checkpoint.latest_checkpoint(run.cfg.run_dir))}, with a lower optim.lr")
         state.bad_steps = 0
     else:
         state.bad_steps += 1
@@ -345,6 +350,15 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     state.step += 1
+
+
+def weights_finite(run: Run) -> bool:
+    """Whether every trainable weight is finite, on every process (each checks its own shards:
+    one fused norm per tensor list, not a pass per tensor)."""
+    local = [p.detach() for g in run.optimizer.param_groups for p in g["params"]]
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in local]
+    ok = float(bool(torch.stack(torch._foreach_norm(local)).isfinite().all())) if local else 1.0
+    return run.dist.all_reduce([ok], "min")[0] == 1.0
 
 
 # ---------------------------------------------------------------- the loop
