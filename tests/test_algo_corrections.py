@@ -368,3 +368,19 @@ def test_policy_loss_accepts_anything_at_masked_weight_positions():
         loss, _ = policy_loss(logp, old, adv, mask, level="token", weights=weights)
         assert torch.equal(loss, loss_ref)
         assert torch.equal(_grad(loss, logp), grad_ref)
+
+
+def test_the_mismatch_kl_is_exact_for_the_small_gaps_it_measures():
+    """It was e^-d - 1 + d in float32: 5.6x too high at gaps of 3e-5, and exactly 0 under an fp16
+    or bf16 sampler whose token gaps were ~4e-5."""
+    from gspo.train.step_metrics import mismatch_metrics
+
+    g = torch.Generator().manual_seed(0)
+    trainer = torch.randn(4, 6, generator=g) - 3.0
+    for scale in (1e-2, 1e-4, 3e-5):
+        d = torch.randn(4, 6, generator=g) * scale
+        sampler = trainer + d
+        d64 = (sampler.double() - trainer.double())  # the gap the float32 tensors hold
+        exact = (d64 ** 2 / 2 - d64 ** 3 / 6 + d64 ** 4 / 24).mean().item()
+        got = mismatch_metrics(sampler, trainer, torch.ones(4, 6))["mismatch/kl"]
+        assert got == pytest.approx(exact, rel=1e-6), (scale, got, exact)
