@@ -20,8 +20,15 @@ def test_digit_credit_by_hand():
 
 
 def test_moe_routing_quick(monkeypatch, tmp_path):
-    mod = load_script("examples/claims/moe_routing.py", "claims_moe_routing")
+    """Run from a copy of examples/claims (it found its reward file through the repository's
+    layout, and a copy's runs all failed)."""
+    import shutil
+    from pathlib import Path
+
+    copy = shutil.copytree(Path(__file__).parents[1] / "examples" / "claims", tmp_path / "elsewhere" / "claims")
+    mod = load_script(str(copy / "moe_routing.py"), "claims_moe_routing")
     monkeypatch.setattr(mod, "subprocess", script_subprocess)
+    tmp_path = tmp_path / "out"
     results = mod.main(["--quick", "--out", str(tmp_path)])
     assert [(r["algo"], r["seed"]) for r in results] == [("gspo", 0), ("grpo", 0)]
     assert all(r["status"] == "ok" and r["steps"] == 3 * mod.MINIBATCHES for r in results)
@@ -30,6 +37,7 @@ def test_moe_routing_quick(monkeypatch, tmp_path):
     assert all(r["token_log_ratio_var_off"] > 0 for r in results)  # off-policy steps: the ratios spread
     table = (tmp_path / "table.md").read_text()
     assert "| gspo | 1 |" in table and "| grpo | 1 |" in table and "Collapsed" in table and "layer 1" in table
+    assert table.startswith("# MoE routing: GSPO and GRPO at lr")  # the algorithms that ran
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [r["run"] for r in saved["results"]] == [r["run"] for r in results] and saved["collapse"] == mod.COLLAPSE
     assert (tmp_path / "report" / "report.html").is_file()

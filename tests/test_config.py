@@ -96,3 +96,17 @@ def test_a_step_that_makes_weights_non_finite_stops_the_run_without_saving_them(
     w.grad = torch.full((3,), 1e10)  # finite loss and gradient, but 1e40 past the range
     with pytest.raises(TrainingError, match="optimizer step 2 made weights non-finite .*it had no checkpoint yet"):
         _optimizer_step(run, state, loss=0.5, grad_norm=1e10)
+
+
+def test_a_python_function_set_as_a_reward_name_is_one_error_naming_the_field():
+    """A config built in a script, with a function where the name goes, raised AttributeError
+    ('function' object has no attribute 'replace') from deep in the start-up checks."""
+    from gspo.train.reward_specs import checked_reward_specs
+
+    def mine(prompts, completions, **kw):
+        return [0.0] * len(completions)
+
+    cfg = load_config(None, [])
+    cfg.rewards.functions[0].name = mine
+    with pytest.raises(ConfigError, match=r"config field 'rewards.functions\[0\].name': must be text.*got function"):
+        checked_reward_specs(cfg)

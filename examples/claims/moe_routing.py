@@ -94,7 +94,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-REWARD = ROOT / "examples" / "claims" / "rewards.py"
+REWARD = Path(__file__).resolve().parent / "rewards.py"  # beside this script, wherever it is copied
 ALGOS = {
     "gspo": ["algo.level=sequence"],
     "gspo_token": ["algo.level=sequence_token"],
@@ -282,7 +282,11 @@ def tables(a, results: list[dict]) -> str:
                "log pi_old over each step's tokens (ratio/token_log_var; for small ratios Var(w) is about the "
                "same); kl/approx is the k3 estimate per token. Token clip fraction over all steps (SAPO: tokens "
                "whose gate keeps under half the gradient). Gradient norm before clipping to 1.")
-    lines = [f"# MoE routing: GSPO, GRPO and GRPO + Routing Replay at lr {a.lr:g}, router lr x {a.router_lr_scale:g}",
+    names = {"gspo": "GSPO", "gspo_token": "GSPO-token", "grpo": "GRPO", "grpo_replay": "GRPO + Routing Replay",
+             "sapo": "SAPO"}
+    ran = [names.get(x, x) for x in a.algos]
+    lines = [f"# MoE routing: {', '.join(ran[:-1]) + ' and ' if len(ran) > 1 else ''}{ran[-1]} at lr {a.lr:g}, "
+             f"router lr x {a.router_lr_scale:g}",
              "", model, "", collapse, "", columns, "", "| algorithm | " + HEADER, "|---|" + RULE]
     for algo in a.algos:
         rs = [r for r in main if r["algo"] == algo]
@@ -383,4 +387,7 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    failed = [r for r in main() if r["status"].startswith("error")]
+    if failed:  # the tables are written; a run that could not run is not a result
+        print(f"{len(failed)} runs failed; the first: {failed[0]['status'][:300]}", file=sys.stderr)
+        sys.exit(1)

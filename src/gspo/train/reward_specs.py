@@ -13,7 +13,12 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
     """The config's reward functions as the runner takes them: code_tests with the code-execution
     opt-in, a reward model on the policy's device unless told otherwise."""
     specs = []
-    for f in cfg.rewards.functions:
+    for i, f in enumerate(cfg.rewards.functions):
+        if not isinstance(f.name, str):  # (a config built in Python can hold anything)
+            raise ConfigError(f"config field 'rewards.functions[{i}].name': must be text, a built-in name, "
+                              f"'module:function' or 'file.py:function', got {type(f.name).__name__} {f.name!r}; "
+                              "put a Python function in a module or file and name it there (its reward workers "
+                              "import it by name, as the run's config.yaml records it)")
         kwargs = dict(f.kwargs)
         if runs_model_code(f.name):
             kwargs.setdefault("allow_code_execution", cfg.rewards.allow_code_execution)
