@@ -586,9 +586,10 @@ def test_a_column_some_rows_lack_reaches_every_reward_call_as_none(tmp_path):
     f = tmp_path / "ragged.jsonl"
     f.write_text('{"prompt": "a", "x": 1}\n{"prompt": "b", "y": [1]}\n{"prompt": "c"}\n{"prompt": "d", "x": null}\n')
     rows = load_rows(f)
-    assert [list(r) for r in rows] == [["prompt", "x", "y"]] * 4
-    assert [r["y"] for r in rows] == [None, [1], None, None]
-    assert reward_columns([rows[2], rows[0]], 2) == {"x": [None, None, 1, 1], "y": [None] * 4}
+    assert rows[2] == {"prompt": "c"}  # the rows as read: an environment's reset(**row) keeps its defaults
+    stream = PromptStream(rows, batch_size=2, seed=0)
+    assert stream.columns == ["x", "y"]
+    assert reward_columns([rows[2], rows[0]], 2, stream.columns) == {"x": [None, None, 1, 1], "y": [None] * 4}
 
 
 def test_a_missing_split_of_a_folder_per_split_layout_names_the_splits_there_are(tmp_path):

@@ -436,3 +436,16 @@ def test_a_damaged_weights_file_is_one_error_naming_the_model(saved, tmp_path, c
     assert main(["train", f"model.name_or_path={model}", f"data.source={data}", *RUN, f"output.dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert f"could not load model {str(model)!r}" in err and "Traceback" not in err, err[-1500:]
+
+
+def test_a_reward_needing_a_column_few_rows_have_gets_none_in_every_call(saved, tmp_path):
+    """A call whose rows all lacked the column got no such keyword: a reward that needs it
+    (`y` here, which the start-up check saw in one row) raised mid-run."""
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1), **({"y": [i]} if i == 5 else {})} for i in range(8)]
+    data = artifacts.write_jsonl(tmp_path / "ragged.jsonl", rows)
+    (tmp_path / "needy.py").write_text("def needy(prompts, completions, y, **kw):\n"
+                                       "    assert len(y) == len(completions)\n"
+                                       "    return [0.0 if v is None else 1.0 for v in y]\n")
+    assert main(["train", f"model.name_or_path={saved('qwen3')}", f"data.source={data}", *RUN,
+                 f"rewards.functions=[{tmp_path / 'needy.py'}:needy]", "schedule.rollouts=3",
+                 f"output.dir={tmp_path}", "output.name=x"]) == 0

@@ -171,6 +171,12 @@ def filter_long_prompts(
 # The prompt stream
 
 
+def column_names(rows: Sequence[dict]) -> list[str]:
+    """Every column that any of `rows` has, but the prompt, in first-seen order (the keyword
+    columns of reward functions: `gspo.rewards.reward_columns`)."""
+    return list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
+
+
 class PromptStream:
     """Endless batches of rows, epoch after epoch, the same on every run with the same seed.
 
@@ -206,6 +212,7 @@ class PromptStream:
         if not isinstance(seed, int) or seed < 0:
             raise DataError(f"PromptStream: seed must be a non-negative int, got {seed!r}")
         self.rows = list(rows)
+        self.columns = column_names(self.rows)  # every call of a reward function gets all of them
         self.batch_size, self.seed, self.shuffle = batch_size, seed, bool(shuffle)
         self.rank, self.world_size = rank, world_size
         self.global_batch_size = batch_size * world_size

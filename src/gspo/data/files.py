@@ -311,8 +311,7 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
                             f"messages, which would be trained on as plain text; store the list itself (JSONL, "
                             f"Parquet or a saved dataset; a CSV cell can only hold text)")
         out.append(new)
-    names = list(dict.fromkeys(k for row in out for k in row))  # a column some rows lack is None in them, as
-    return [{k: row.get(k) for k in names} for row in out]     # datasets reads ragged JSON: every call gets it
+    return out
 
 
 def _looks_like_messages(text: str) -> bool:
@@ -360,8 +359,8 @@ def load_rows(
     the hub lays a dataset out (`_read_data_folder`). `split` picks a DatasetDict's or a
     folder's split (default "train"); a single file or Dataset has none, and naming one is an
     error. Parquet and saved datasets need the optional extra `gspo[data]`. All columns other
-    than the prompt column pass through unchanged. Rows of a JSONL file may have different keys: a
-    column that some rows lack is None in them.
+    than the prompt column pass through unchanged. Rows of a JSONL file may have different keys
+    (a reward function gets None where a row lacks a column: `gspo.rewards.reward_columns`).
     `field` and `split_field` are the config fields errors name. `held_out`: the rows are
     held-out data, whose default split is the first of `HELD_OUT` the source has (else train).
     """

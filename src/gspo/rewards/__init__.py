@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gspo.config import module_in
+from gspo.data import column_names
 from gspo.rewards.errors import RewardConfigError, RewardError  # noqa: F401  (re-exported)
 from gspo.rewards.models import SCORER_PREFIXES, scorer_short_name
 from gspo.rewards.builtins import (  # noqa: F401  (re-exported)
@@ -324,9 +325,10 @@ def _resolve_spec(s: RewardSpec) -> Callable:
     return s._loaded[1]
 
 
-def reward_columns(rows: Sequence[dict], repeat: int) -> dict[str, list]:
+def reward_columns(rows: Sequence[dict], repeat: int, names: Sequence[str] | None = None) -> dict[str, list]:
     """The keyword columns of a batch of dataset rows, each row repeated `repeat` times (its
-    group): every column that any row has, in first-seen order, None where a row lacks it
-    (JSONL rows may have different keys)."""
-    names = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
+    group): `names`, the dataset's columns (default: every column that one of these rows has),
+    None where a row lacks one (JSONL rows may have different keys), so that every call of a
+    reward function gets every column, whichever rows it scores."""
+    names = column_names(rows) if names is None else names
     return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in names}

@@ -104,7 +104,7 @@ def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
         completions = [list(t) for t in rollout.turns]
     else:  # TRL's shapes (conversational for chat prompts), so users' functions work unchanged
         prompts, completions = reward_views(prompts, rollout.completions)
-    columns = reward_columns(batch, G)
+    columns = reward_columns(batch, G, run.prompts.columns)  # the dataset's: a column these rows all lack is None
     if rollout.env_reward is not None:  # what the episodes' environments reported
         columns["env_reward"] = list(rollout.env_reward)
     result = run.rewards.score(prompts, completions, columns)
