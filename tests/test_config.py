@@ -26,14 +26,16 @@ def test_interpolation_works_in_number_fields_as_in_text_fields(monkeypatch):
         load_config(None, ["rollout.group_size=many"])
 
 
-@pytest.mark.parametrize("eps", ["-1", "nan", "inf"])
+@pytest.mark.parametrize("eps", ["-1", "nan", "inf", "0"])
 def test_adam_eps_out_of_range_is_refused_naming_the_field(eps):
-    """torch's "Invalid epsilon value" came after the model loaded, without the field's name."""
-    with pytest.raises(ConfigError, match="config field 'optim.adam_eps': must be a finite number >= 0"):
+    """torch's "Invalid epsilon value" came after the model loaded, without the field's name; 0
+    made every weight whose gradient was 0 NaN (0/0)."""
+    with pytest.raises(ConfigError, match="config field 'optim.adam_eps': must be a finite number > 0"):
         load_config(None, [f"optim.adam_eps={eps}"])
 
 
-@pytest.mark.parametrize("device", ["tpu", "gpu", "cuda", "cuda:1"], ids=["tpu", "a-gpu", "cuda", "cuda-1"])
+@pytest.mark.parametrize("device", ["tpu", "gpu", "cuda", "cuda:1", "meta", "hpu"],
+                         ids=["tpu", "a-gpu", "cuda", "cuda-1", "meta", "hpu"])
 def test_a_device_torch_cannot_use_is_refused_before_the_model_loads(tmp_path, capsys, device):
     """'tpu' was torch's RuntimeError with a traceback (exit 1); 'cuda' on a CPU-only torch failed
     in model.to() after the weights had loaded."""
@@ -55,6 +57,29 @@ def test_nccl_on_a_process_without_a_gpu_is_refused_naming_the_backend(monkeypat
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: pytest.fail("joined a group"))
     with pytest.raises(ConfigError, match="config field 'distributed.backend': nccl joins CUDA GPUs"):
         distributed.init_distributed("fsdp", torch.device("cpu"), "nccl")
+    monkeypatch.delenv("RANK")  # one process, no torchrun: refused all the same (it was accepted, and unused)
+    with pytest.raises(ConfigError, match="config field 'distributed.backend': nccl joins CUDA GPUs"):
+        distributed.init_distributed("fsdp", torch.device("cpu"), "nccl")
+
+
+def test_an_adapter_folders_errors_keep_their_context_with_the_tokenizer_loaded_first(tmp_path, capsys):
+    """Loading the tokenizer before the model lost _load_adapter's messages: an adapter naming no
+    base said its tokenizer did not load; one whose base is gone named only the base's path."""
+    import json
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    (bare / "tokenizer_config.json").write_text("{}")  # (a tiny run's final/adapter has a tokenizer of its own)
+    assert main(["eval", str(bare), "arithmetic", "--num-prompts", "1"]) == 2
+    assert "is a LoRA adapter whose adapter_config.json names no base model" in capsys.readouterr().err
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    (orphan / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA",
+                                                            "base_model_name_or_path": str(tmp_path / "gone")}))
+    assert main(["eval", str(orphan), "arithmetic", "--num-prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"model path {str(orphan)!r} is a LoRA adapter on the base model {str(tmp_path / 'gone')!r}" in err, err
 
 
 def test_a_run_that_fails_before_it_starts_leaves_no_directory(saved, tmp_path, capsys):

@@ -232,11 +232,9 @@ def test_a_json_object_and_a_short_csv_row_are_refused_saying_what_they_are(tmp_
     (tmp_path / "obj.json").write_text(json.dumps({"data": [{"prompt": "x"}], "version": 1}, indent=2))
     with pytest.raises(DataError, match=r"one JSON object \(keys 'data', 'version'\), not an array of rows"):
         load_rows(tmp_path / "obj.json")
-    (tmp_path / "line.json").write_text(json.dumps({"data": [{"prompt": "x"}]}))  # on one line, as json.dump writes it
-    with pytest.raises(DataError, match=r"one JSON object \(keys 'data'\), not an array of rows"):
-        load_rows(tmp_path / "line.json")
-    (tmp_path / "row.json").write_text(json.dumps({"prompt": "x", "tags": [{"a": 1}]}))  # one row of JSON lines
-    assert load_rows(tmp_path / "row.json") == [{"prompt": "x", "tags": [{"a": 1}]}]
+    # one object on one line is one row of JSON lines (datasets' to_json of one row), whatever its columns hold
+    (tmp_path / "row.json").write_text(json.dumps({"conversation": [{"role": "user", "content": "x"}], "tests": [{}]}))
+    assert load_rows(tmp_path / "row.json", prompt_column="conversation")[0]["tests"] == [{}]
     (tmp_path / "short.csv").write_text("prompt,answer,level\n1+1=,2,1\n2+2=,4\n")
     with pytest.raises(DataError, match="row 3 has fewer cells than the header has columns"):
         load_rows(tmp_path / "short.csv")

@@ -130,7 +130,8 @@ def validate(cfg: Config) -> None:
     _check(0 <= o.beta1 < 1, "optim.beta1", f"must be in [0, 1), got {o.beta1}")
     _check(0 <= o.beta2 < 1, "optim.beta2", f"must be in [0, 1), got {o.beta2}")
     _check(o.weight_decay >= 0 and math.isfinite(o.weight_decay), "optim.weight_decay", "must be a finite number >= 0")
-    _check(o.adam_eps >= 0 and math.isfinite(o.adam_eps), "optim.adam_eps", "must be a finite number >= 0")
+    _check(o.adam_eps > 0 and math.isfinite(o.adam_eps), "optim.adam_eps",
+           "must be a finite number > 0 (at 0 a parameter whose gradient is 0 gets 0/0)")
     _check(cfg.algo.adv_eps >= 0 and math.isfinite(cfg.algo.adv_eps), "algo.adv_eps", "must be a finite number >= 0")
     _check(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
     e = cfg.eval

@@ -85,9 +85,7 @@ def _read_json(path: Path) -> list[dict]:
             whole = json.loads(text)
         except json.JSONDecodeError:
             whole = None
-        nested = isinstance(whole, dict) and not {"prompt", "messages"} & whole.keys() and any(
-            isinstance(v, list) and v and all(isinstance(x, dict) for x in v) for v in whole.values())
-        if isinstance(whole, dict) and ("\n" in text.strip() or nested):  # (one line of a row: JSON lines)
+        if isinstance(whole, dict) and "\n" in text.strip():  # (one object on one line: a row of JSON lines)
             keys = ", ".join(repr(k) for k in list(whole)[:8])
             raise DataError(f"{path}: one JSON object (keys {keys}), not an array of rows or JSON lines; write the "
                             f"rows as an array (e.g. the list under its key)")

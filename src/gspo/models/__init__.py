@@ -49,8 +49,11 @@ def resolve_device(device: str | torch.device = ModelConfig.device) -> torch.dev
     except (RuntimeError, TypeError) as e:
         raise ConfigError(f"config field 'model.device': {device!r} is not a device: use auto, cpu, cuda or "
                           f"cuda:N ({str(e).splitlines()[0][:200]})") from None
-    module = getattr(torch, dev.type, None) if dev.type not in ("cpu", "meta") else None
-    if module is not None and hasattr(module, "is_available") and not module.is_available():
+    if dev.type == "meta":
+        raise ConfigError("config field 'model.device': 'meta' tensors hold no data, so nothing can run on them; "
+                          "use auto, cpu or cuda")
+    module = getattr(torch, dev.type, None) if dev.type != "cpu" else None
+    if dev.type != "cpu" and not (hasattr(module, "is_available") and module.is_available()):
         build = f"this torch {torch.__version__} sees no {dev.type} device"
         raise ConfigError(f"config field 'model.device': {device!r}, but {build}; use model.device=auto or cpu")
     if module is not None and dev.index is not None and hasattr(module, "device_count") \
@@ -182,10 +185,14 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     if name.startswith("~"):
         name = os.path.expanduser(name)
     _check_source(name)
-    if _is_adapter(name) and not any(Path(name, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        base = json.loads(Path(name, "adapter_config.json").read_text()).get("base_model_name_or_path")
-        if base:
-            return load_tokenizer(base, trust_remote_code=trust_remote_code)
+    if _is_adapter(name):
+        base = _adapter_base(name)
+        if not any(Path(name, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            try:
+                return load_tokenizer(base, trust_remote_code=trust_remote_code)
+            except ModelError as e:
+                raise ModelError(f"model path {name!r} is a LoRA adapter on the base model {base!r}, whose "
+                                 f"tokenizer did not load: {e}") from None
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
@@ -255,11 +262,7 @@ def _load_adapter(path: str, tokenizer=None, **load):
     writes it there), else the base's. An adapter that cannot be merged (prompt tuning) or does
     not fit its base's shapes is one `ModelError`."""
     config = json.loads(Path(path, "adapter_config.json").read_text())
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise ModelError(f"model path {path!r} is a LoRA adapter whose adapter_config.json names no base model "
-                         f"(base_model_name_or_path; a run of the built-in tiny model has none): train with "
-                         f"lora.merge_final=true for a whole model in final/")
+    base = _adapter_base(path)
     try:
         import peft
     except ImportError:
@@ -300,6 +303,16 @@ def _load_adapter(path: str, tokenizer=None, **load):
                                      model, path)
     model.eval()
     return model, tokenizer
+
+
+def _adapter_base(path: str) -> str:
+    """The base model a LoRA adapter folder's adapter_config.json names (one `ModelError` if none)."""
+    base = json.loads(Path(path, "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ModelError(f"model path {path!r} is a LoRA adapter whose adapter_config.json names no base model "
+                         f"(base_model_name_or_path; a run of the built-in tiny model has none): train with "
+                         f"lora.merge_final=true for a whole model in final/")
+    return base
 
 
 def _check_mergeable(path: str, peft_type: str | None) -> None:

@@ -126,6 +126,9 @@ def init_distributed(strategy: str, device: torch.device, backend: str = Distrib
     """Join the torchrun job described by the environment (WORLD_SIZE, RANK, LOCAL_RANK,
     MASTER_ADDR/PORT). Without torchrun: one plain process. Under torchrun even one process
     runs the distributed path (e.g. FSDP2's mixed-precision policy on one GPU)."""
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError(f"config field 'distributed.backend': nccl joins CUDA GPUs, and this process runs on "
+                          f"{device} (model.device); use distributed.backend=gloo (or auto)")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return Dist(device=device)
     world = int(os.environ["WORLD_SIZE"])
@@ -135,9 +138,6 @@ def init_distributed(strategy: str, device: torch.device, backend: str = Distrib
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl" and device.type != "cuda":
-        raise ConfigError(f"config field 'distributed.backend': nccl joins CUDA GPUs, and this process runs on "
-                          f"{device} (model.device); use distributed.backend=gloo (or auto)")
     if not dist.is_initialized():
         kw = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)

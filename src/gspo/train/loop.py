@@ -338,8 +338,9 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
         if not weights_finite(run):  # a finite step the optimizer took too far (an lr far too large)
             raise TrainingError(
                 f"optimizer step {state.step + 1} made weights non-finite (its loss {loss:.4g} and gradient norm "
-                f"{grad_norm:.4g} were finite; optim.lr={run.cfg.optim.lr:g}); nothing of it was saved: "
-                f"{kept_note(checkpoint.latest_checkpoint(run.cfg.run_dir))}, with a lower optim.lr")
+                f"{grad_norm:.4g} were finite; optim.lr={run.cfg.optim.lr:g}, optim.adam_eps={run.cfg.optim.adam_eps:g}); "
+                f"nothing of it was saved: {kept_note(checkpoint.latest_checkpoint(run.cfg.run_dir))}, with a lower "
+                f"optim.lr")
         state.bad_steps = 0
     else:
         state.bad_steps += 1
