@@ -97,7 +97,7 @@ def test_score_adds_the_penalty_and_missing_stays_missing():
             return RewardResult(torch.tensor([1.0, nan, 0.5, 0.0]), {"f": [1.0, nan, 0.5, 0.0]},
                                 {"reward/f/mean": 0.5})
 
-    run = SimpleNamespace(cfg=cfg, chat=False, rewards=Rewards())
+    run = SimpleNamespace(cfg=cfg, chat=False, rewards=Rewards(), prompts=SimpleNamespace(columns=[]))
     ro = _rollout(2, 2, lengths=[2, 4, 3, 4])
     res = score(run, [{"prompt": "a"}, {"prompt": "b"}], ro)
     # free up to 4 - 2 = 2 tokens: 2 -> 0; 3 -> (2 - 3) / 2 = -0.5; 4 -> -1

@@ -12,7 +12,7 @@ import math
 import torch
 
 from gspo.config import EvalConfig
-from gspo.data import encode_texts, format_prompt, reward_views
+from gspo.data import column_names, encode_texts, format_prompt, reward_views
 from gspo.models import eos_token_ids, generation_mode
 from gspo.rewards import reward_columns
 from gspo.rollout import chunk_seed, completion_mask, decode_completions, left_pad
@@ -143,7 +143,7 @@ def evaluate_episodes(run, rows: list[dict], generator) -> dict:
 
     def play(generator, repeat: int):
         ro = play_episodes(cfg, generator, run.tokenizer, run.tools, rows, seed=0, offset=0, group_size=repeat)
-        res = score(run, rows, ro)
+        res = score(run, rows, ro, column_names(rows))  # (the held-out rows' own columns)
         first = torch.tensor(res.per_function[next(iter(res.per_function))], dtype=torch.float32)
         failed = torch.tensor([f == "error" for f in ro.finish_reason])
         return ro, (first >= 1.0 - 1e-9) & ~failed, torch.where(failed, torch.nan, res.rewards)

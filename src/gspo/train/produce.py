@@ -93,18 +93,19 @@ def sample_and_score(run: Run, state: TrainerState, round_: int = 0):
     return batch, rollout, rewards, {"time/generate": t1 - t0, "time/score": time.perf_counter() - t1}
 
 
-def score(run: Run, batch: list[dict], rollout: Rollout) -> RewardResult:
+def score(run: Run, batch: list[dict], rollout: Rollout, columns: list[str] | None = None) -> RewardResult:
     """Weighted reward per completion (NaN where missing) and each function's own values, plus
     DAPO's soft overlong penalty with `rewards.overlong_penalty` (its values under the name
     `overlong_penalty`); a multi-turn episode is scored on its messages, and one that failed has
-    no reward."""
+    no reward. `columns`: the reward columns (default: the training data's, `PromptStream.columns`)."""
     G = rollout.group_size
     prompts = [row["prompt"] for row in batch for _ in range(G)]
     if rollout.turns is not None:  # an episode: its messages, the model's turns and the tools' replies
         completions = [list(t) for t in rollout.turns]
     else:  # TRL's shapes (conversational for chat prompts), so users' functions work unchanged
         prompts, completions = reward_views(prompts, rollout.completions)
-    columns = reward_columns(batch, G, run.prompts.columns)  # the dataset's: a column these rows all lack is None
+    columns = reward_columns(batch, G, run.prompts.columns if columns is None else columns)  # a column these rows
+    # all lack is None, as in any other call
     if rollout.env_reward is not None:  # what the episodes' environments reported
         columns["env_reward"] = list(rollout.env_reward)
     result = run.rewards.score(prompts, completions, columns)
