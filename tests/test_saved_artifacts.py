@@ -449,3 +449,44 @@ def test_a_reward_needing_a_column_few_rows_have_gets_none_in_every_call(saved, 
     assert main(["train", f"model.name_or_path={saved('qwen3')}", f"data.source={data}", *RUN,
                  f"rewards.functions=[{tmp_path / 'needy.py'}:needy]", "schedule.rollouts=3",
                  f"output.dir={tmp_path}", "output.name=x"]) == 0
+
+
+def test_held_out_prompts_are_taken_from_those_that_fit(saved, tmp_path, capsys):
+    """eval.num_prompts was cut from the held-out rows before the over-long ones were dropped:
+    4 long rows then 4 short ones left no held-out prompt at all ("every prompt ... is too long")."""
+    rows = [{"prompt": "9" * 60 + f"+{i}=", "answer": "0"} for i in range(4)] + \
+        [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)]
+    held = artifacts.write_jsonl(tmp_path / "held.jsonl", rows)
+    data = artifacts.write_plain_jsonl(tmp_path / "train.jsonl")
+    run = train(saved("qwen3"), tmp_path, f"data.source={data}", f"data.eval_source={held}",
+                "data.max_prompt_tokens=50")
+    evals = [r for r in records(run) if "eval/num_prompts" in r or "eval/accuracy" in r]
+    assert evals and "no held-out prompts" not in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["eval", str(run / "final"), str(held), "--num-prompts", "4", "data.max_prompt_tokens=50"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval/num_prompts"] == 4
+
+
+def test_every_completion_cut_and_masked_out_is_said_and_its_sequence_metrics_are_null(saved, tmp_path, capsys):
+    """algo.mask_truncated=true with every completion cut trained nothing with no word, while
+    ratio/seq_* read 1.0 and clip/seq_frac 0.0 over no sequence."""
+    run = train(saved("qwen3"), tmp_path, "rollout.max_new_tokens=2", "algo.mask_truncated=true",
+                "logging.no_signal_every=1", "eval.enabled=false")
+    steps = [r for r in records(run) if "loss" in r]
+    assert all(r["completion/truncated_frac"] == 1.0 and r["tokens/minibatch"] == 0 for r in steps)
+    assert all(r["ratio/seq_mean"] is None and r["clip/seq_frac"] is None for r in steps)
+    assert "every completion ran to rollout.max_new_tokens, and algo.mask_truncated=true" in capsys.readouterr().err
+
+
+def test_empty_frac_counts_completions_that_were_their_eos_alone():
+    """It compared |y| (which counts the EOS) with 0, so it read 0 when every completion was empty."""
+    from types import SimpleNamespace
+
+    from gspo.train.distributed import Dist
+    from gspo.train.step_metrics import rollout_metrics
+
+    ro = SimpleNamespace(model_lengths=torch.tensor([1, 3, 1, 4]), finish_reason=["eos", "eos", "length", "length"],
+                         truncated=torch.tensor([False, False, True, True]), episode_stats=None)
+    rewards = SimpleNamespace(rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]), stats={})
+    m = rollout_metrics(Dist(), ro, rewards, {})
+    assert m["completion/empty_frac"] == 0.25 and m["completion/len_mean"] == 2.25

@@ -88,13 +88,13 @@ def cmd_eval(args) -> int:
     specs = checked_reward_specs(cfg)  # before the model loads, naming the field
     tok = policy_tokenizer(cfg)  # the prompts are checked with it before the model loads
     schemas = checked_schemas(cfg, loaded, tok)  # a template that cannot play episodes: refused, as training does
-    rows = fitting_prompts(cfg, rows, tok, schemas, cap=prompt_cap(cfg), held=bool(held))  # as training does
+    rows = fitting_prompts(cfg, rows, tok, schemas, cap=prompt_cap(cfg), held=bool(held),
+                           limit=cfg.eval.num_prompts)  # as training does: the first that fit
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code, tokenizer=tok)
     cap = prompt_cap(cfg, position_limit(model))
     if cap != prompt_cap(cfg):  # a learned position table: prompt + completion must fit in it
         rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held), notes=False)
-    rows = rows[: cfg.eval.num_prompts]
     rw = cfg.rewards
     with RewardRunner(specs, timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:

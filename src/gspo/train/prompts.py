@@ -38,15 +38,14 @@ def load_prompt_rows(cfg: Config, *, train: bool = True) -> tuple[list[dict], li
         train = load_rows(d.source, prompt_column=d.prompt_column, split=d.split)  # (field: data.source)
         held = []
         split = source_held_out_split(cfg)  # a folder's own test split, as `gspo eval --config` reads it
-        if not d.eval_source and split:
+        if not d.eval_source and split:  # (all of them: eval.num_prompts is taken from those that fit, `first_fitting`)
             held = load_rows(d.source, prompt_column=d.prompt_column, split=split, field="data.source",
-                             held_out=True)[: cfg.eval.num_prompts]
+                             held_out=True)
     if d.eval_source:
         held = (make_task(d.eval_source, cfg.eval.num_prompts, seed=cfg.seed + 1_000_003, difficulty=d.difficulty)
                 if d.eval_source in TASKS else load_rows(d.eval_source, prompt_column=d.prompt_column, split=d.eval_split,
                                                          field="data.eval_source", split_field="data.eval_split",
                                                          held_out=True))
-        held = held[: cfg.eval.num_prompts]
     return train, held
 
 
@@ -121,15 +120,30 @@ def rows_source(cfg: Config, held: bool = False) -> str:
     return f"data.eval_source {d.eval_source}" if held and d.eval_source else f"data.source {d.source}"
 
 
+def first_fitting(rows: list[dict], n: int, tok, cap: int, schemas: list[dict] | None, *,
+                  source: str) -> tuple[list[dict], int]:
+    """The first `n` rows whose prompt fits in `cap` tokens (`filter_long_prompts`), and how many
+    before them did not: held-out data is cut to eval.num_prompts from the prompts that fit, and
+    a large file is read only as far as that takes."""
+    kept, dropped, i = [], 0, 0
+    while len(kept) < n and i < len(rows):
+        chunk = rows[i:i + n - len(kept)]
+        fit, out = filter_long_prompts(chunk, tok, cap, schemas, source=source)
+        kept, dropped, i = kept + fit, dropped + out, i + len(chunk)
+    return kept, dropped
+
+
 def fitting_prompts(cfg: Config, rows: list[dict], tok, schemas: list[dict] | None, *, say: bool = True,
-                    cap: tuple[int, str] | None = None, held: bool = False, notes: bool = True) -> list[dict]:
+                    cap: tuple[int, str] | None = None, held: bool = False, notes: bool = True,
+                    limit: int | None = None) -> list[dict]:
     """The rows whose prompt (with the tools' schemas of an episode) fits `cap` (`prompt_cap`:
     data.max_prompt_tokens, or the room the model's learned positions leave), saying how many
     were dropped; one error when none fits. Training and `gspo eval` alike. `held`: the rows are
     the held-out ones (for the errors' `rows_source`). `notes`: also the warnings about the
-    prompts' rendering (a second pass leaves them out)."""
+    prompts' rendering (a second pass leaves them out). `limit`: the first that many that fit."""
     cap, why = cap or prompt_cap(cfg)
-    rows, dropped = filter_long_prompts(rows, tok, cap, schemas, source=rows_source(cfg, held))
+    rows, dropped = (filter_long_prompts(rows, tok, cap, schemas, source=rows_source(cfg, held)) if limit is None else
+                     first_fitting(rows, limit, tok, cap, schemas, source=rows_source(cfg, held)))
     if dropped and say:
         print(f"dropped {dropped} prompts longer than {cap} tokens ({why})", file=sys.stderr)
     if not rows:

@@ -22,9 +22,9 @@ import torch
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import needs_reference, records_routes
-from gspo.data import DataError, PromptStream, filter_long_prompts, use_template_kwargs
+from gspo.data import DataError, PromptStream, use_template_kwargs
 from gspo.train.distributed import Dist
-from gspo.train.prompts import (check_reward_columns, enough_rows, fitting_prompts, load_prompt_rows, prompt_cap,
+from gspo.train.prompts import (check_reward_columns, enough_rows, first_fitting, fitting_prompts, load_prompt_rows, prompt_cap,
                                 rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
 from gspo.models import (base_model, half_precision_warnings, load_policy, load_tokenizer, position_limit, resolve_device,
@@ -304,8 +304,8 @@ def fitted_rows(cfg: Config, rows: list[dict], eval_rows: list[dict], tok, schem
     held-out ones did not; an error where too few training rows are left. `again`: a second
     pass under a model's learned positions, whose notes on the prompts were said the first time."""
     rows = fitting_prompts(cfg, rows, tok, schemas, say=say, cap=cap, notes=not again)
-    eval_rows, dropped_held = (filter_long_prompts(eval_rows, tok, cap[0], schemas, source=rows_source(cfg, held=True))
-                               if eval_rows else ([], 0))
+    eval_rows, dropped_held = first_fitting(eval_rows, cfg.eval.num_prompts, tok, cap[0], schemas,
+                                            source=rows_source(cfg, held=True))
     enough_rows(cfg, len(rows), f" of {cap[0]} tokens or fewer ({cap[1]})")
     return rows, eval_rows, dropped_held
 

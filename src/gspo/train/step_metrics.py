@@ -76,6 +76,8 @@ def reduce_minibatch_metrics(d, sums: dict, loss: float, tokens: int, rows: int)
             metrics[k] = metrics[k] / n if n > 0 else math.nan
         elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
             metrics[k] = math.nan
+        if metrics["tokens/minibatch"] == 0:  # rows ran, but with no token in the loss (algo.mask_truncated with
+            metrics[k] = math.nan  # every completion cut): a sequence ratio or clip over no sequence is no value
     if "ratio/token_log_sq_mean" in metrics:  # the spread of the token log-ratios (GRPO's noise, paper §3)
         metrics["ratio/token_log_var"] = max(metrics["ratio/token_log_sq_mean"] - metrics["ratio/token_log_mean"] ** 2,
                                              0.0) if math.isfinite(metrics["ratio/token_log_sq_mean"]) else math.nan
@@ -86,7 +88,9 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
     """Rollout-level metrics over the global batch (every rank's rows)."""
     r = d.all_gather(rewards.rewards.float().cpu())
     valid = r[~torch.isnan(r)]
-    lengths = d.all_gather(rollout.model_lengths.float().cpu())  # |y|: the tokens the model wrote
+    lengths = d.all_gather(rollout.model_lengths.float().cpu())  # |y|: the tokens the model wrote, its EOS too
+    eos = torch.tensor([f == "eos" for f in rollout.finish_reason], dtype=torch.float32)
+    written = lengths - d.all_gather(eos)  # what is left of it as text: 0 for a completion that was its EOS alone
     truncated = rollout.truncated.float()
     local = dict(rewards.stats)
     local.update(adv_stats)
@@ -96,7 +100,7 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
               "reward/std": valid.std(unbiased=False).item() if len(valid) > 1 else float("nan"),
               "completion/len_mean": lengths.mean().item(),
               "completion/len_max": lengths.max().item(),
-              "completion/empty_frac": (lengths == 0).float().mean().item()})
+              "completion/empty_frac": (written == 0).float().mean().item()})
     if rollout.episode_stats:  # multi-turn episodes: per-episode means, so the processes' mean is the batch's
         m.update(d.reduce_metrics(dict(rollout.episode_stats)))
     return m
@@ -141,7 +145,8 @@ def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerStat
             rec.update(eval_metrics)
         if sinks:
             sinks.write(rec)
-    console.update(state.rollout, {**common, **steps[-1], **eval_metrics})
+    console.update(state.rollout, {**common, **{k: v for k, v in steps[-1].items() if k not in ROLLOUT_WIDE},
+                                   **eval_metrics})
     rows = _due_completion_rows(run, state, scored)  # every process: the rows of all of them
     if d.is_main:
         _warn_reward_failures(run, state.rollout, scored.rewards.errors, common)
@@ -173,7 +178,8 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
     """Say so, at most once in logging.no_signal_every rollouts, when every group of the rollout
     had equal rewards: every advantage was 0, so the update had no gradient from the loss."""
     every = run.cfg.logging.no_signal_every
-    run.no_signal.append(metrics.get("adv/frac_zero_std", 0.0) >= 1.0)
+    all_cut = run.cfg.algo.mask_truncated and metrics.get("completion/truncated_frac", 0.0) >= 1.0
+    run.no_signal.append(metrics.get("adv/frac_zero_std", 0.0) >= 1.0 or all_cut)
     if not (every and run.no_signal[-1]) or rollout - run.no_signal_warned < every:
         return
     run.no_signal_warned = rollout
@@ -181,6 +187,11 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
     a = run.cfg.algo  # a KL, entropy or router term still moves the weights: only the policy term is gone
     term = ("the policy-gradient term has no gradient (the KL / entropy / router-loss terms still act)"
             if a.kl_coef > 0 or a.entropy_coef > 0 or a.router_aux_loss_coef > 0 else "the loss has no gradient")
+    if all_cut and metrics.get("adv/frac_zero_std", 0.0) < 1.0:
+        print(f"rollout {rollout}: every completion ran to rollout.max_new_tokens, and algo.mask_truncated=true leaves "
+              f"them all out of the loss ({sum(recent)} of the last {len(recent)} rollouts with no signal): {term}. "
+              "Raise rollout.max_new_tokens, or set algo.mask_truncated=false.", file=sys.stderr, flush=True)
+        return
     if math.isnan(metrics.get("reward/mean", 0.0)):  # no reward at all (`rollout_metrics`: NaN where none is valid)
         print(f"rollout {rollout}: every reward was missing ({sum(recent)} of the last {len(recent)} rollouts with no "
               "signal): the reward functions returned None, or failed and rewards.on_error left them out "
