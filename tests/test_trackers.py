@@ -30,14 +30,15 @@ TINY = ["tiny.hidden_size=32", "tiny.num_layers=1", "data.num_prompts=8",       
         "rewards.functions=[{name: 'gspo_test_rewards:count_ones'}]"]  # a reward a random model can move
 
 
-def gspo_train(tmp: Path, name: str, *extra: str, faults: str = "") -> subprocess.CompletedProcess:
+def gspo_train(tmp: Path, name: str, *extra: str, faults: str = "", env_extra: dict | None = None
+               ) -> subprocess.CompletedProcess:
     """`gspo train` in a process of its own (forked from one that has imported torch and gspo but
     no tracker, tests/zygote.py): trackio reads TRACKIO_DIR at import, W&B must see no
     API key (NETRC points nowhere) to go offline."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TRACKIO_"))}
     env.update(OMP_WAIT_POLICY="PASSIVE", GSPO_FAULTS=faults, PYTHONPATH=str(TESTS), NETRC=str(tmp / "no-netrc"),
                TRACKIO_DIR=str(tmp / "trackio"), WANDB_SILENT="true", WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
-               WANDB_DATA_DIR=str(tmp / "wandb-data"), WANDB_CONFIG_DIR=str(tmp / "wandb-config"))
+               WANDB_DATA_DIR=str(tmp / "wandb-data"), WANDB_CONFIG_DIR=str(tmp / "wandb-config"), **(env_extra or {}))
     return gspo(["train", *TINY, ALL, f"output.dir={tmp}", f"output.name={name}", *extra], env=env, timeout=300)
 
 
@@ -355,3 +356,33 @@ def test_a_table_a_kill_kept_from_mlflow_is_replayed_with_the_run(tmp_path):
         files = [f.path for f in client.list_artifacts(again.run_id, "completions")]
         assert files == ["completions/step-000001.json", "completions/step-000002.json"]
         assert [m.step for m in client.get_metric_history(again.run_id, "loss")] == [1, 2]
+
+
+def test_a_run_logged_to_a_store_mlflow_tracking_uri_names_resumes_there(tmp_path):
+    """A file store named mlruns elsewhere (MLflow's own default name) was taken for the run
+    folder's own store on resume, where the run is not: the resume stopped."""
+    store = (tmp_path / "elsewhere" / "mlruns").as_uri()
+    run = ("schedule.num_minibatches=2", "logging.report_to=mlflow")
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=1", *run, env_extra={"MLFLOW_TRACKING_URI": store})
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=2", "resume=auto", *run, env_extra={"MLFLOW_TRACKING_URI": store})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not (tmp_path / "run" / "mlruns").exists() and not (tmp_path / "run" / ".lock").exists()
+    from mlflow.tracking import MlflowClient
+
+    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):
+        client = MlflowClient(tracking_uri=store)
+    (r,) = client.search_runs([client.get_experiment_by_name("gspo").experiment_id])
+    assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "loss")) == [1, 2, 3, 4]
+
+
+def test_a_run_whose_mlflow_run_is_gone_says_so_and_lets_its_directory_go(tmp_path):
+    """A failure between the model load and the loop (here the tracker's) left runs/NAME/.lock."""
+    import shutil
+
+    run = ("schedule.num_minibatches=2", "logging.report_to=mlflow")
+    assert gspo_train(tmp_path, "run", "schedule.rollouts=1", *run).returncode == 0
+    shutil.rmtree(tmp_path / "run" / "mlruns")
+    p = gspo_train(tmp_path, "run", "schedule.rollouts=2", "resume=auto", *run)
+    assert p.returncode == 2 and "remove the 'mlflow' entry of" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "run" / ".lock").exists()

@@ -324,10 +324,10 @@ class MLflow:
     def __init__(self, cfg: Config, saved: dict, step: int):
         own = (cfg.run_dir / "mlruns").resolve().as_uri()  # the run's own file store, wherever its folder is now
         stored = saved.get("tracking_uri")
-        if stored and stored.startswith("file:") and urlparse(stored).path.rstrip("/").endswith("/mlruns"):
-            stored = None  # (the run folder's own store, recorded where the run began: it may have moved since)
-        uri = own if saved else os.environ.get("MLFLOW_TRACKING_URI") or own
-        uri = stored or uri
+        if saved:  # the store the run began in; its own store once that holds the run (the folder moved, or
+            uri = own if stored is None or _file_store_holds(own, saved["run_id"]) else stored  # was copied)
+        else:
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or own
         if uri.startswith("file:"):  # MLflow 3 refuses its file store without this opt-in, and
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no database store
         from mlflow.entities import Param
@@ -372,6 +372,11 @@ class MLflow:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
+
+
+def _file_store_holds(uri: str, run_id: str) -> bool:
+    """Whether the MLflow file store at `uri` holds the run `run_id` (an experiment folder of it)."""
+    return any(Path(urlparse(uri).path).glob(f"*/{run_id}/meta.yaml"))
 
 
 def _follow_moved_store(client, run_id: str, own: str) -> None:

@@ -378,37 +378,41 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
         return cfg.run_dir
     run = run or build_run(cfg)
     d, run_dir, total = run.dist, cfg.run_dir, cfg.schedule.rollouts
-    state = TrainerState(base_weights=run.base_weights)
-    inflight = {}
-    if run.resume_from is not None:
-        state = TrainerState(**run_state.restore_run(run, run.resume_from))
-        check_base_weights(cfg, state.base_weights, run.base_weights)
-        inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
-        if state.finished and state.rollout < total:  # schedule.rollouts raised: train on from the last rollout
-            state.finished = False
-            if d.is_main:
-                print(f"run {run_dir} finished at rollout {state.rollout}; schedule.rollouts={total} extends it"
-                      + (" (the cosine learning-rate schedule is stretched over the new total)"
-                         if cfg.schedule.lr_schedule == "cosine" else ""))
-        if state.finished:
-            if d.broadcast_object(not (run_dir / "final").is_dir()):  # killed while writing final/
-                run_state.save_final(run)
+    try:  # a failure before the loop (a checkpoint that does not load, a tracker) lets the run go
+        state = TrainerState(base_weights=run.base_weights)
+        inflight = {}
+        if run.resume_from is not None:
+            state = TrainerState(**run_state.restore_run(run, run.resume_from))
+            check_base_weights(cfg, state.base_weights, run.base_weights)
+            inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
+            if state.finished and state.rollout < total:  # schedule.rollouts raised: train on from the last rollout
+                state.finished = False
                 if d.is_main:
-                    print(f"run {run_dir} finished at rollout {state.rollout}; final/ was not whole and is "
-                          f"written again from {run.resume_from}")
-            elif d.is_main:
-                print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
-            run.close()
-            return run_dir
-        run.prompts.load_state_dict(state.prompts)
-        if d.is_main:
-            (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the settings it goes on with
-            truncate_metrics(run_dir / "metrics.jsonl", state.step)
-            checkpoint.resume_here(run.resume_from)
-            print(f"resumed from {run.resume_from} (rollout {state.rollout}, step {state.step})")
-    sinks = Sinks(JsonlWriter(run_dir / "metrics.jsonl"), open_trackers(cfg, state.step)) \
-        if d.is_main else None  # rank 0 logs: metrics.jsonl and logging.report_to's trackers
-    console = Console(total, state.rollout, enabled=cfg.logging.console and d.is_main)
+                    print(f"run {run_dir} finished at rollout {state.rollout}; schedule.rollouts={total} extends it"
+                          + (" (the cosine learning-rate schedule is stretched over the new total)"
+                             if cfg.schedule.lr_schedule == "cosine" else ""))
+            if state.finished:
+                if d.broadcast_object(not (run_dir / "final").is_dir()):  # killed while writing final/
+                    run_state.save_final(run)
+                    if d.is_main:
+                        print(f"run {run_dir} finished at rollout {state.rollout}; final/ was not whole and is "
+                              f"written again from {run.resume_from}")
+                elif d.is_main:
+                    print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
+                run.close()
+                return run_dir
+            run.prompts.load_state_dict(state.prompts)
+            if d.is_main:
+                (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the settings it goes on with
+                truncate_metrics(run_dir / "metrics.jsonl", state.step)
+                checkpoint.resume_here(run.resume_from)
+                print(f"resumed from {run.resume_from} (rollout {state.rollout}, step {state.step})")
+        sinks = Sinks(JsonlWriter(run_dir / "metrics.jsonl"), open_trackers(cfg, state.step)) \
+            if d.is_main else None  # rank 0 logs: metrics.jsonl and logging.report_to's trackers
+        console = Console(total, state.rollout, enabled=cfg.logging.console and d.is_main)
+    except BaseException:
+        run.close()  # (its lock, its generators, its reward workers)
+        raise
     try:
         if run.remote is not None:
             run.remote.begin(state.rollout, inflight)  # the generators start on what the schedule needs
