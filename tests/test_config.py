@@ -135,3 +135,18 @@ def test_a_python_function_set_as_a_reward_name_is_one_error_naming_the_field():
     cfg.rewards.functions[0].name = mine
     with pytest.raises(ConfigError, match=r"config field 'rewards.functions\[0\].name': must be text.*got function"):
         checked_reward_specs(cfg)
+
+
+def test_a_stop_every_process_decided_is_said_by_rank_0_alone(monkeypatch, capsys):
+    """Under torchrun both ranks printed the same non-finite-weights stop."""
+    from gspo import cli
+    from gspo.train.produce import TrainingError
+
+    def stopped(args):
+        raise TrainingError("optimizer step 1 made weights non-finite", everywhere=True)
+
+    monkeypatch.setattr(cli, "cmd_report", stopped)
+    for rank, said in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        assert main(["report", "x"]) == 1
+        assert ("stopped: optimizer step 1" in capsys.readouterr().err) == said

@@ -45,6 +45,7 @@ def cmd_eval(args) -> int:
     from types import SimpleNamespace
 
     from gspo.config import ConfigError, load_config
+    from gspo.data import column_names
     from gspo.train.evaluate import evaluate, evaluate_episodes
     from gspo.models import load_policy, position_limit
     from gspo.rewards.runner import RewardRunner
@@ -88,25 +89,27 @@ def cmd_eval(args) -> int:
     specs = checked_reward_specs(cfg)  # before the model loads, naming the field
     tok = policy_tokenizer(cfg)  # the prompts are checked with it before the model loads
     schemas = checked_schemas(cfg, loaded, tok)  # a template that cannot play episodes: refused, as training does
-    rows = fitting_prompts(cfg, rows, tok, schemas, cap=prompt_cap(cfg), held=bool(held),
+    every, columns = rows, column_names(rows)  # (every reward call gets the data's columns, as in training)
+    rows = fitting_prompts(cfg, every, tok, schemas, cap=prompt_cap(cfg), held=bool(held),
                            limit=cfg.eval.num_prompts)  # as training does: the first that fit
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code, tokenizer=tok)
     cap = prompt_cap(cfg, position_limit(model))
     if cap != prompt_cap(cfg):  # a learned position table: prompt + completion must fit in it
-        rows = fitting_prompts(cfg, rows, tok, schemas, cap=cap, held=bool(held), notes=False)
+        rows = fitting_prompts(cfg, every, tok, schemas, cap=cap, held=bool(held), notes=False,
+                               limit=cfg.eval.num_prompts)
     rw = cfg.rewards
     with RewardRunner(specs, timeout_s=rw.timeout_s, on_error=rw.on_error,
                       num_workers=rw.num_workers) as runner:
         if loaded is None:
             m = evaluate(model, tok, rows, runner, max_new_tokens=cfg.rollout.max_new_tokens,
                          pass_k=cfg.eval.pass_k, generator=hf_generator(cfg, model, tok),
-                         seed=chunk_seed(cfg.seed, 0, 2))  # pass@k's samples: the same for the same seed
+                         seed=chunk_seed(cfg.seed, 0, 2), columns=columns)  # (pass@k's samples: seeded)
         else:
             tools = episode_tools(cfg, loaded)
             try:  # what a run's own evaluation reads of it
                 run = SimpleNamespace(cfg=cfg, tokenizer=tok, tools=tools, rewards=runner, generator_model=model,
-                                      chat=True)
+                                      chat=True, eval_columns=columns)
                 m = evaluate_episodes(run, rows, hf_generator(cfg, model, tok))
             finally:
                 tools.runner.close()
@@ -271,7 +274,8 @@ def _main(argv: list[str] | None) -> int:
         # the run stopped for a stated reason; its last good state is on disk
         if os.environ.get("GSPO_TRACEBACK"):
             raise
-        print(f"gspo {args.command}: stopped: {e}", file=sys.stderr)
+        if not (getattr(e, "everywhere", False) and os.environ.get("RANK", "0") != "0"):  # (said once per job)
+            print(f"gspo {args.command}: stopped: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # (after Interrupted: gspo train stops on its own terms; this is eval, report)
         print(f"gspo {args.command}: interrupted", file=sys.stderr)

@@ -145,11 +145,12 @@ def prompt_token_count(prompt: str | list[dict], tokenizer: Any) -> int:
 
 def filter_long_prompts(
     rows: Sequence[dict], tokenizer: Any, max_prompt_tokens: int, tools: list[dict] | None = None,
-    source: str = "",
+    source: str = "", first_row: int = 0,
 ) -> tuple[list[dict], int]:
     """Drop rows whose formatted prompt (`format_prompt`, with the tool schemas of an episode
     when `tools` is given) is longer than `max_prompt_tokens` tokens. A prompt that cannot be
-    formatted (a chat template that refuses it) is an error naming `source` and the row.
+    formatted (a chat template that refuses it) is an error naming `source` and the row (its
+    index in the source: `rows` start at row `first_row` of it).
 
     Returns (kept_rows, n_dropped); order is kept, and kept_rows may be empty (the caller
     decides whether that is an error). Counting follows `prompt_token_count`.
@@ -161,7 +162,7 @@ def filter_long_prompts(
         try:
             texts.append(format_prompt(r["prompt"], tokenizer, tools))
         except DataError as e:
-            raise DataError(f"{source or 'prompts'}: row {i}: {e}") from e
+            raise DataError(f"{source or 'prompts'}: row {first_row + i}: {e}") from e
     ids = encode_texts(tokenizer, texts) if rows else []
     kept = [r for r, x in zip(rows, ids) if len(x) <= max_prompt_tokens]
     return kept, len(rows) - len(kept)

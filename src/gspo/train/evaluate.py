@@ -47,25 +47,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def _score(runner, rows: list[dict], texts: list[str], repeat: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _score(runner, rows: list[dict], texts: list[str], repeat: int,
+           columns: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Rewards of completion texts, `repeat` a row, in TRL's shapes for each row's prompt (`reward_views`):
     the weighted sums, the first function's values, and how many calls failed under rewards.on_error."""
     prompts = [r["prompt"] for r in rows for _ in range(repeat)]
     prompts, completions = reward_views(prompts, texts)
-    res = runner.score(prompts, completions, reward_columns(rows, repeat))
+    res = runner.score(prompts, completions, reward_columns(rows, repeat, columns))
     first = next(iter(res.per_function))
     failed = int(res.stats.get("reward/errors", 0) + res.stats.get("reward/timeouts", 0))  # (on_error=skip|zero)
     return res.rewards, torch.tensor(res.per_function[first], dtype=torch.float32), failed
 
 
 def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int, pass_k: int = EvalConfig.pass_k,
-             generator=None, complete=None, seed: int = 0) -> dict:
+             generator=None, complete=None, seed: int = 0, columns: list[str] | None = None) -> dict:
     """Metrics named `eval/...`: accuracy and mean reward of greedy completions, pass@k if asked.
     Accuracy (the first reward function's value >= 1) and pass@k are over the prompts that
     function scored; the mean reward over those any function scored (`eval/missing_frac`: the
     prompts none did, e.g. no answer).
     `complete(texts, pass_k) -> (greedy, samples or None, samples per prompt)` computes the
-    completions elsewhere (async mode: on a generator); by default `model` and `generator` here."""
+    completions elsewhere (async mode: on a generator); by default `model` and `generator` here.
+    `columns`: the held-out data's columns, which every reward call gets (default: these rows')."""
     texts = [format_prompt(r["prompt"], tokenizer) for r in rows]
     if complete is None:
         def complete(texts: list[str], k: int):
@@ -76,7 +78,7 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
             return greedy, ro.completions, ro.group_size
 
     comps, samples, n = complete(texts, pass_k)
-    total, first, failed = _score(runner, rows, comps, 1)
+    total, first, failed = _score(runner, rows, comps, 1, columns)
     scored = ~torch.isnan(first)  # a prompt the first function did not score (no answer) is neither right nor wrong
     ok = first[scored] >= 1.0 - 1e-9
     m = {"eval/accuracy": ok.float().mean().item() if scored.any() else float("nan"),
@@ -85,7 +87,7 @@ def evaluate(model, tokenizer, rows: list[dict], runner, *, max_new_tokens: int,
     if failed:
         m["eval/reward_failures"] = failed
     if samples is not None:
-        _, first_k, _ = _score(runner, rows, samples, n)
+        _, first_k, _ = _score(runner, rows, samples, n, columns)
         first_k = first_k.view(len(rows), n)
         kept = ~torch.isnan(first_k).all(-1)
         correct = (first_k >= 1.0 - 1e-9).sum(-1)[kept]
@@ -114,7 +116,7 @@ def evaluate_run(run, version: int = 0) -> dict:
             return out["greedy"], out["samples"], out["group_size"]
 
         return evaluate(None, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
-                        complete=complete, **kw)
+                        complete=complete, columns=run.eval_columns, **kw)
     if not run.dist.is_main:
         return {}
     from gspo.train.run import hf_generator
@@ -127,7 +129,8 @@ def evaluate_run(run, version: int = 0) -> dict:
         return evaluate_episodes(run, run.eval_rows[: cfg.eval.num_prompts], generator)
     return evaluate(run.generator_model, run.tokenizer, run.eval_rows[: cfg.eval.num_prompts], run.rewards,
                     max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, generator=generator,
-                    seed=chunk_seed(cfg.seed, version, 2))  # (as a generator process seeds them, async_generator)
+                    seed=chunk_seed(cfg.seed, version, 2),  # (as a generator process seeds them, async_generator)
+                    columns=run.eval_columns)
 
 
 @torch.no_grad()
@@ -143,7 +146,7 @@ def evaluate_episodes(run, rows: list[dict], generator) -> dict:
 
     def play(generator, repeat: int):
         ro = play_episodes(cfg, generator, run.tokenizer, run.tools, rows, seed=0, offset=0, group_size=repeat)
-        res = score(run, rows, ro, column_names(rows))  # (the held-out rows' own columns)
+        res = score(run, rows, ro, getattr(run, "eval_columns", None) or column_names(rows))  # (the held-out data's)
         first = torch.tensor(res.per_function[next(iter(res.per_function))], dtype=torch.float32)
         failed = torch.tensor([f == "error" for f in ro.finish_reason])
         return ro, (first >= 1.0 - 1e-9) & ~failed, torch.where(failed, torch.nan, res.rewards)

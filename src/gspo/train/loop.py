@@ -340,7 +340,7 @@ def _optimizer_step(run: Run, state: TrainerState, loss: float, grad_norm: float
                 f"optimizer step {state.step + 1} made weights non-finite (its loss {loss:.4g} and gradient norm "
                 f"{grad_norm:.4g} were finite; optim.lr={run.cfg.optim.lr:g}, optim.adam_eps={run.cfg.optim.adam_eps:g}); "
                 f"nothing of it was saved: {kept_note(checkpoint.latest_checkpoint(run.cfg.run_dir))}, with a lower "
-                f"optim.lr")
+                f"optim.lr", everywhere=True)
         state.bad_steps = 0
     else:
         state.bad_steps += 1
@@ -449,7 +449,7 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                     run_state.save_run(run, state)
                     raise TrainingError(
                         f"{state.bad_steps} optimizer steps in a row had a non-finite loss or gradient norm; "
-                        f"stopped and saved the last good state in {run_dir / 'checkpoints'}")
+                        f"stopped and saved the last good state in {run_dir / 'checkpoints'}", everywhere=True)
                 if stop_now:
                     run_state.save_run(run, state)
                     if d.is_main:  # (a console that is off prints plainly: on rank 0 alone)

@@ -29,7 +29,13 @@ if TYPE_CHECKING:
 
 
 class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. too many non-finite steps); the last good state was saved."""
+    """The run cannot go on (e.g. too many non-finite steps); the last good state was saved.
+    `everywhere`: every process of a torchrun job reached the same decision (from reduced
+    numbers), so rank 0 alone says it."""
+
+    def __init__(self, *args, everywhere: bool = False):
+        super().__init__(*args)
+        self.everywhere = everywhere
 
 
 @dataclass

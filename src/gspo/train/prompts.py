@@ -128,7 +128,7 @@ def first_fitting(rows: list[dict], n: int, tok, cap: int, schemas: list[dict] |
     kept, dropped, i = [], 0, 0
     while len(kept) < n and i < len(rows):
         chunk = rows[i:i + n - len(kept)]
-        fit, out = filter_long_prompts(chunk, tok, cap, schemas, source=source)
+        fit, out = filter_long_prompts(chunk, tok, cap, schemas, source=source, first_row=i)
         kept, dropped, i = kept + fit, dropped + out, i + len(chunk)
     return kept, dropped
 

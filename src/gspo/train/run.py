@@ -22,7 +22,7 @@ import torch
 from gspo.train import async_job, async_mode, distributed
 from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import needs_reference, records_routes
-from gspo.data import DataError, PromptStream, use_template_kwargs
+from gspo.data import DataError, PromptStream, column_names, use_template_kwargs
 from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_reward_columns, enough_rows, first_fitting, fitting_prompts, load_prompt_rows, prompt_cap,
                                 rows_source, say_held_out)
@@ -157,6 +157,7 @@ class Run:
     reference: Any = None             # pi_ref's forward for algo.kl_coef / logging.kl_reference (needs_reference)
     base_weights: str = ""            # `resume.base_weights_fingerprint`: starting weights checkpoints do not hold
     lock: Path | None = None          # run_dir/.lock, rank 0's (`resume.claim_run_dir`)
+    eval_columns: list | None = None  # the held-out data's columns, for every evaluation's reward calls
     no_signal: list = field(default_factory=list)  # per rollout of this session: every group's rewards equal
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
     reward_failures: int = 0                         # tolerated reward failures since the last warning
@@ -343,7 +344,8 @@ def build_run(cfg: Config) -> Run:
                           "or distributed.strategy=ddp")
     tok = policy_tokenizer(cfg)                                          # tokenizer
     schemas = checked_schemas(cfg, tools, tok, say=d.is_main)           # its chat template, for episodes
-    rows, eval_rows, dropped_held = fitted_rows(cfg, rows, eval_rows, tok, schemas, prompt_cap(cfg), say=d.is_main)
+    held_out = eval_rows  # (all of them: a second pass under learned positions takes its first that fit too)
+    rows, eval_rows, dropped_held = fitted_rows(cfg, rows, held_out, tok, schemas, prompt_cap(cfg), say=d.is_main)
     run_dir = cfg.run_dir
     made = not run_dir.exists()
     check_writable(run_dir)                                              # output dir
@@ -361,8 +363,8 @@ def build_run(cfg: Config) -> Run:
                 print(f"warning: {line}", file=sys.stderr)
         cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
         if cap != prompt_cap(cfg):
-            rows, eval_rows, more = fitted_rows(cfg, rows, eval_rows, tok, schemas, cap, say=d.is_main, again=True)
-            dropped_held += more
+            rows, eval_rows, dropped_held = fitted_rows(cfg, rows, held_out, tok, schemas, cap, say=d.is_main,
+                                                        again=True)
         if d.is_main:
             say_held_out(cfg, eval_rows, dropped_held, cap)
         r = cfg.rollout
@@ -427,7 +429,8 @@ def build_run(cfg: Config) -> Run:
         if d.is_main and resume_from is None:  # the run is set up (a resume writes it once it goes on: `loop.train`)
             (run_dir / "config.yaml").write_text(to_yaml(cfg))
         return Run(cfg=cfg, dist=d, policy=model, trainer=trainer, generator_model=generator_model, tokenizer=tok,
-                   generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows, optimizer=optimizer,
+                   generator=generator, rewards=runner, prompts=prompts, eval_rows=eval_rows,
+                   eval_columns=column_names(held_out), optimizer=optimizer,
                    scheduler=scheduler, chat=chat, old_logp=old_logp,
                    routes=routes if routes and routes.active else None,
                    resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights, lock=lock,
