@@ -58,12 +58,12 @@ def keep_optimizer_settings(checkpoint_dir: Path, cfg: Config, changed: list[str
     values that never acted. Returns the fields set back."""
     from gspo.config import from_yaml_text
 
-    names = [f"optim.{k}" for k in OPTIMIZER_HELD if any(c.startswith(f"optim.{k}:") for c in changed)]
-    if names:
+    keys = [k for k in OPTIMIZER_HELD if any(c.startswith(f"optim.{k}:") for c in changed)]
+    if keys:
         old = from_yaml_text((checkpoint_dir / ckpt.CONFIG_FILE).read_text()).optim
-        for n in names:
-            setattr(cfg.optim, n.split(".", 1)[1], getattr(old, n.split(".", 1)[1]))
-    return names
+        for k in keys:
+            setattr(cfg.optim, k, getattr(old, k))
+    return [f"optim.{k}" for k in keys]
 
 
 LOCK = ".lock"  # the pid of the process that runs in a run directory
