@@ -49,13 +49,21 @@ def _pool_reward(c):
 
 
 def pool_reward(prompts, completions, **kwargs):
+    import faulthandler
     import multiprocessing
+    import sys
     from concurrent.futures import ProcessPoolExecutor
 
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        first = pool.map(_pool_reward, completions)
-    with ProcessPoolExecutor(2) as ex:
-        return [a + b for a, b in zip(first, ex.map(_pool_reward, completions))]
+    # This test once hung past its 60 s in a full CI run (never alone): if it does again, the
+    # worker's stacks reach the report's captured stderr
+    faulthandler.dump_traceback_later(40, file=sys.__stderr__)
+    try:
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            first = pool.map(_pool_reward, completions)
+        with ProcessPoolExecutor(2) as ex:
+            return [a + b for a, b in zip(first, ex.map(_pool_reward, completions))]
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def test_a_reward_function_may_start_a_process_pool():
