@@ -123,6 +123,44 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def listening(pid: int) -> list[str]:
+    """The local addresses of the TCP sockets process `pid` listens on ("127.0.0.1:port")."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                addr, port = cols[1].split(":")
+                raw = bytes.fromhex(addr)
+                ip = ".".join(str(b) for b in raw[::-1]) if len(raw) == 4 else raw.hex()
+                found.append(f"{ip}:{int(port, 16)}")
+    return found
+
+
+def test_the_store_and_groups_listen_on_loopback_only_and_forked_workers_drop_the_listener():
+    store = async_job.loopback_store(2, async_job._timeout(load_config(None, [])))
+    mine = listening(os.getpid())
+    assert f"127.0.0.1:{store.port}" in mine
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked worker: its copy of the store's listener is closed
+        os.write(w, json.dumps(listening(os.getpid())).encode())
+        os._exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 65536))
+    os.waitpid(pid, 0)
+    assert f"127.0.0.1:{store.port}" not in child
+    del store
+
+
 def test_generators_stop_when_the_learner_is_killed(tmp_path):
     learner = gspo_popen(["train", *TINY, f"output.dir={tmp_path}", "output.name=run", *ASYNC, "rollout.generators=1",
                           "schedule.rollouts=400"], env=_env())
@@ -138,6 +176,9 @@ def test_generators_stop_when_the_learner_is_killed(tmp_path):
     while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # training is under way
     assert not _gone(pids[0])
+    # the job's store and gloo groups listen on loopback only, never on every interface
+    sockets = listening(learner.pid) + listening(pids[0])
+    assert sockets and all(s.startswith("127.0.0.1:") for s in sockets), sockets
     learner.kill()
     learner.wait()
     deadline = time.monotonic() + 10

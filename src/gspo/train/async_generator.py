@@ -65,7 +65,7 @@ def serve(cfg: Config) -> None:
         _die_with_parent(int(os.environ["GSPO_ASYNC_PARENT"]))
         rank, world = int(os.environ["GSPO_ASYNC_RANK"]), int(os.environ["GSPO_ASYNC_WORLD"])
         store = dist.TCPStore("127.0.0.1", int(os.environ["GSPO_ASYNC_PORT"]), world, is_master=False, timeout=timeout)
-        job = Job(world_size=world, learners=1, rank=rank, store=store)
+        job = Job(world_size=world, learners=1, rank=rank, store=store, local=True)
     else:
         job = Job(world_size=int(os.environ["WORLD_SIZE"]), learners=learner_count(cfg), rank=int(os.environ["RANK"]),
                   store=torchrun_store(cfg))

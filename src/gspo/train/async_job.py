@@ -6,6 +6,7 @@ as objects of their own, never a default group."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -112,6 +113,7 @@ class Job:
     pg: object = None  # commands and rollouts: gloo over the whole job
     weights_pg: object = None  # weights: gloo, or NCCL between GPUs
     device: torch.device = torch.device("cpu")
+    local: bool = False  # one machine, spawned generators: every socket on 127.0.0.1
 
     def generator_ranks(self) -> list[int]:
         return list(range(self.learners, self.world_size))
@@ -129,14 +131,14 @@ class Job:
 
 
 def start_job(cfg: Config, device: torch.device, store=None) -> Job:
-    """The learner's first step: on one machine, host the store (bound to 127.0.0.1) and start
+    """The learner's first step: on one machine, host the store (on 127.0.0.1) and start
     the generator processes, which build their policy while the learner builds its own; under
     torchrun every rank is there already (`store`: torchrun's). `connect` then forms the groups."""
     if "RANK" in os.environ:
         return Job(world_size=int(os.environ["WORLD_SIZE"]), learners=learner_count(cfg),
                    rank=int(os.environ["RANK"]), store=store)
     world = cfg.rollout.generators + 1
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=_timeout(cfg), wait_for_workers=False)
+    store = loopback_store(world, _timeout(cfg))
     text = to_yaml(cfg).encode()
     procs = []
     for rank in range(1, world):
@@ -148,7 +150,62 @@ def start_job(cfg: Config, device: torch.device, store=None) -> Job:
         p.stdin.close()
         procs.append(p)
         print(f"async mode: generator {rank} started (pid {p.pid})", file=sys.stderr, flush=True)
-    return Job(world_size=world, procs=procs, store=store)
+    return Job(world_size=world, procs=procs, store=store, local=True)
+
+
+def loopback_store(world: int, timeout) -> dist.TCPStore:
+    """The job's store server, listening on 127.0.0.1 only. torch's server binds every interface
+    whatever host it is given, so gspo binds the listening socket itself and hands it over
+    (`master_listen_fd`; the store owns it from then on). Processes forked from this one (reward
+    and tool workers) close their copy of it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    global _LISTENING
+    _LISTENING = (fd, os.fstat(fd).st_ino)
+    return store
+
+
+_LISTENING: tuple[int, int] | None = None  # the store's listening socket: (fd, inode)
+
+
+def _close_listening_in_child() -> None:
+    global _LISTENING
+    if _LISTENING is None:
+        return
+    fd, ino = _LISTENING
+    _LISTENING = None  # a grandchild has nothing more to close
+    try:
+        if os.fstat(fd).st_ino == ino:  # still that socket (not a later file on a reused number)
+            os.close(fd)
+    except OSError:
+        pass
+
+
+os.register_at_fork(after_in_child=_close_listening_in_child)
+
+
+def _gloo(store, job: Job, timeout) -> dist.ProcessGroupGloo:
+    """A gloo group of the whole job; on one machine its sockets listen on 127.0.0.1, not on the
+    address the host name resolves to."""
+    if not job.local:
+        return dist.ProcessGroupGloo(store, job.rank, job.world_size, timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(store, job.rank, job.world_size, opts)
 
 
 def connect(job: Job, cfg: Config, device: torch.device) -> None:
@@ -160,7 +217,7 @@ def connect(job: Job, cfg: Config, device: torch.device) -> None:
     job.device = device
 
     def make():
-        job.pg = dist.ProcessGroupGloo(dist.PrefixStore("gspo/job", job.store), job.rank, job.world_size, timeout)
+        job.pg = _gloo(dist.PrefixStore("gspo/job", job.store), job, timeout)
         backend = _weights_backend(device)
         wstore = dist.PrefixStore("gspo/weights", job.store)
         if backend == "nccl":
@@ -168,7 +225,7 @@ def connect(job: Job, cfg: Config, device: torch.device) -> None:
             opts._timeout = timeout
             job.weights_pg = dist.ProcessGroupNCCL(wstore, job.rank, job.world_size, opts)
         else:
-            job.weights_pg = dist.ProcessGroupGloo(wstore, job.rank, job.world_size, timeout)
+            job.weights_pg = _gloo(wstore, job, timeout)
 
     if not job.procs:
         make()
