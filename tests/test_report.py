@@ -292,3 +292,32 @@ def test_the_summary_shows_pass_at_k_and_times_each_rollout_once(tmp_path):
     assert report._duration(run) == "0:00:03" and report._pass_at_k(run) == "0.75 (pass@4)"
     page = make_report([d], tmp_path / "out").read_text()
     assert "0.75 (pass@4)" in page and 'steps logged</th><td class="n">8</td>' in page
+
+
+def test_final_values_are_the_last_evaluations_even_when_null(tmp_path):
+    """"final eval accuracy" (and pass@k, and the final reward mean) read the series without its
+    nulls, so a last evaluation with no value showed an earlier evaluation's; and a run whose
+    every update skipped its rows (ratio/seq_* null on every step) showed "— / —"."""
+    d = tmp_path / "run"
+    d.mkdir()
+    lines = [{"step": 0, "eval/accuracy": 0.25, "eval/pass@4": 0.5}]
+    for s, lo, hi in ((1, None, None), (2, 0.95, 1.04), (3, 0.9, 1.1)):
+        lines.append({"step": s, "reward/mean": 0.5, "ratio/seq_min": lo, "ratio/seq_max": hi})
+    lines.append({"step": 3, "eval/accuracy": None, "eval/pass@4": None, "reward/mean": None})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    run, summary = load_run(d), dict(report._SUMMARY)
+    assert summary["final eval accuracy"](run) is None and summary["final reward mean"](run) is None
+    assert report._pass_at_k(run) is None
+    assert summary["best eval accuracy"](run) == "0.25 (step 0)"
+    assert summary["min / max sequence ratio"](run) == "0.9 / 1.1"
+
+    skipped = tmp_path / "skipped"  # every group had equal rewards: no row ran, so no ratio
+    skipped.mkdir()
+    rows = [{"step": s, "reward/mean": 0.0, "ratio/seq_min": None, "ratio/seq_max": None, "rows/skipped_frac": 1.0}
+            for s in (1, 2)]
+    (skipped / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in rows))
+    page = make_report([d, skipped], tmp_path / "out").read_text()
+    ratio_row = page.split("<th>min / max sequence ratio</th>")[1].split("</tr>")[0]
+    assert ratio_row == '<td class="n">0.9 / 1.1</td><td class="n">—</td>' and "— / —" not in page
+    assert "final eval accuracy" not in page  # "—" in both runs: the row is left out
+    assert "<th>mean skipped-row fraction</th>" in page

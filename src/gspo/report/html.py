@@ -269,8 +269,10 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _last(xs: Sequence[float]) -> float | None:
-    return xs[-1] if xs else None
+def _final(r: Run, key: str) -> float | None:
+    """`key` at the last step that logged it (the last evaluation's, for eval/*): None, shown
+    "—", where that value is null or NaN, never an earlier step's value."""
+    return next((_num(m[key]) for m in reversed(r.metrics) if key in m), None)
 
 
 def _tail_mean(xs: Sequence[float]) -> float | None:
@@ -291,27 +293,35 @@ def _duration(r: Run) -> str:
 
 
 def _pass_at_k(r: Run) -> str | None:
-    """The last eval/pass@K value (K is the run's eval.pass_k), labelled with its K."""
-    keys = sorted(k for k in r.keys() if re.fullmatch(r"eval/pass@\d+", k))
-    return f"{_fmt(_last(r.values(keys[-1])))} ({keys[-1][5:]})" if keys and r.values(keys[-1]) else None
+    """The last evaluation's eval/pass@K value (K is the run's eval.pass_k), labelled with its K."""
+    key = next((k for m in reversed(r.metrics) for k in m if re.fullmatch(r"eval/pass@\d+", k)), None)
+    return None if key is None or (v := _final(r, key)) is None else f"{_fmt(v)} ({key[5:]})"
+
+
+def _ratio_range(r: Run) -> str:
+    """min ratio/seq_min / max ratio/seq_max over the steps; "—" (the row left out when every run
+    has it) where no step measured a ratio: every row of every update was skipped (all groups
+    had equal rewards, under schedule.skip_zero_advantage), which logs them as null."""
+    lo, hi = r.values("ratio/seq_min"), r.values("ratio/seq_max")
+    return f"{_fmt(min(lo))} / {_fmt(max(hi))}" if lo and hi else "—"
 
 
 _SUMMARY: tuple[tuple[str, Callable[[Run], Any]], ...] = (
     ("optimizer steps logged", lambda r: len({m["step"] for m in r.metrics if (_num(m.get("step")) or 0) > 0})),
     ("last step", lambda r: r.metrics[-1]["step"] if r.metrics else None),
-    ("final reward mean", lambda r: _last(r.values("reward/mean"))),
+    ("final reward mean", lambda r: _final(r, "reward/mean")),
     ("reward mean, last 10% of steps", lambda r: _tail_mean(r.values("reward/mean"))),
     ("best eval accuracy", _best_acc),
-    ("final eval accuracy", lambda r: _last(r.values("eval/accuracy"))),
+    ("final eval accuracy", lambda r: _final(r, "eval/accuracy")),
     ("final eval pass@k", _pass_at_k),
     ("mean token clip fraction", lambda r: _mean(r.values("clip/token_frac"))),
     ("mean sequence clip fraction", lambda r: _mean(r.values("clip/seq_frac"))),
-    ("min / max sequence ratio", lambda r: " / ".join(
-        _fmt(f(v)) if (v := r.values(k)) else "—" for f, k in ((min, "ratio/seq_min"), (max, "ratio/seq_max")))),
+    ("min / max sequence ratio", _ratio_range),
     ("mean approx. KL", lambda r: _mean(r.values("kl/approx"))),
     ("mean completion length", lambda r: _mean(r.values("completion/len_mean"))),
     ("mean truncated fraction", lambda r: _mean(r.values("completion/truncated_frac"))),
     ("mean zero-std group fraction", lambda r: _mean(r.values("adv/frac_zero_std"))),
+    ("mean skipped-row fraction", lambda r: _mean(r.values("rows/skipped_frac"))),  # (1: no ratio, no clip)
     ("mean routing change fraction", lambda r: _mean(r.values("routing/changed_frac"))),
     ("mean mismatch KL", lambda r: _mean(r.values("mismatch/kl"))),
     ("max token |Δ log p|", lambda r: max(r.values("mismatch/token_abs_max"), default=None)),
