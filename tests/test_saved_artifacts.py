@@ -470,6 +470,7 @@ def test_empty_frac_counts_completions_that_were_their_eos_alone():
     from gspo.train.step_metrics import rollout_metrics
 
     ro = SimpleNamespace(model_lengths=torch.tensor([1, 3, 1, 4]), finish_reason=["eos", "eos", "length", "length"],
+                         completions=["", "ab", "a", "abc"],
                          truncated=torch.tensor([False, False, True, True]), episode_stats=None)
     rewards = SimpleNamespace(rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]), stats={})
     m = rollout_metrics(Dist(), ro, rewards, {})

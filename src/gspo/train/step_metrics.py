@@ -89,8 +89,9 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
     r = d.all_gather(rewards.rewards.float().cpu())
     valid = r[~torch.isnan(r)]
     lengths = d.all_gather(rollout.model_lengths.float().cpu())  # |y|: the tokens the model wrote, its EOS too
-    eos = torch.tensor([f == "eos" for f in rollout.finish_reason], dtype=torch.float32)
-    written = lengths - d.all_gather(eos)  # what is left of it as text: 0 for a completion that was its EOS alone
+    # empty: no text left for the rewards, which get it without EOS and special tokens (`decode_completions`):
+    # a completion that was its EOS alone, or only special tokens or whitespace
+    empty = d.all_gather(torch.tensor([not c.strip() for c in rollout.completions], dtype=torch.float32))
     truncated = rollout.truncated.float()
     local = dict(rewards.stats)
     local.update(adv_stats)
@@ -100,7 +101,7 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
               "reward/std": valid.std(unbiased=False).item() if len(valid) > 1 else float("nan"),
               "completion/len_mean": lengths.mean().item(),
               "completion/len_max": lengths.max().item(),
-              "completion/empty_frac": (written == 0).float().mean().item()})
+              "completion/empty_frac": empty.mean().item()})
     if rollout.episode_stats:  # multi-turn episodes: per-episode means, so the processes' mean is the batch's
         m.update(d.reduce_metrics(dict(rollout.episode_stats)))
     return m

@@ -1,0 +1,39 @@
+"""Rollout-level metrics (`gspo.train.step_metrics.rollout_metrics`) on rollouts assembled from
+sampled ids as the sampler assembles them, with a tokenizer in a family's own style."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import artifacts
+from gspo.rollout import assemble_rollout
+from gspo.train.distributed import Dist
+from gspo.train.step_metrics import rollout_metrics
+
+
+def test_empty_frac_counts_completions_of_special_tokens_alone():
+    """It counted only completions that were their EOS alone: one made of special tokens (a
+    ChatML <|im_start|> then the EOS) decodes to "" for the rewards, yet read as written text.
+    Empty is what the rewards get: no text once EOS and special tokens are stripped, or only
+    whitespace."""
+    tok = artifacts.build_tokenizer("qwen")
+    eos, start, pad = (tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|im_start|>", "<|endoftext|>"))
+    a, b = tok.convert_tokens_to_ids(["a", "b"])
+    space = tok(" ", add_special_tokens=False)["input_ids"][0]
+    ids = torch.tensor([[a, b, eos],            # "ab": text
+                        [eos, pad, pad],        # its EOS alone: empty
+                        [start, start, eos],    # special tokens alone: empty (was counted as text)
+                        [start, start, start],  # cut by the length limit, special tokens alone: empty
+                        [space, space, eos],    # whitespace alone: empty
+                        [start, a, start]])     # "a" between special tokens: text
+    ro = assemble_rollout(torch.full((6, 1), a), torch.ones(6, 1, dtype=torch.long), ids, torch.zeros(6, 3),
+                          torch.ones(6, 3, dtype=torch.bool), eos_token_ids=[eos], pad_token_id=pad, tokenizer=tok,
+                          prompts=["x", "y", "z"], group_size=2)
+    assert ro.completions == ["ab", "", "", "", "  ", "a"]  # what the rewards get
+    assert ro.model_lengths.tolist() == [3, 1, 3, 3, 3, 3]
+    rewards = SimpleNamespace(rewards=torch.zeros(6), stats={})
+    m = rollout_metrics(Dist(), ro, rewards, {})
+    assert m["completion/empty_frac"] == pytest.approx(4 / 6)  # 4 of the 6 (float32 mean)
