@@ -19,7 +19,7 @@ from gspo.rewards.sandbox import (CodeExecutionDisabled, CodeLimits, CodeResult,
 FAST = CodeLimits(timeout_s=2.0, memory_mb=256, max_file_mb=1)
 
 
-NEWNS, NEWNET, NEWPID, NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
+NEWNS, NEWNET, NEWPID, NEWUSER, NEWIPC = 0x20000, 0x40000000, 0x20000000, 0x10000000, 0x8000000
 
 
 def _can_unshare(flag):
@@ -33,7 +33,7 @@ def _can_unshare(flag):
 def features():
     found = sandbox.sandbox_features(FAST)
     # where the OS allows a namespace, the sandbox must have used it (a skip must not hide a bug)
-    for key, flag in (("netns", NEWNET), ("mountns", NEWNS), ("pidns", NEWPID), ("readonly", NEWNS)):
+    for key, flag in (("netns", NEWNET), ("mountns", NEWNS), ("pidns", NEWPID), ("ipcns", NEWIPC), ("readonly", NEWNS)):
         if _can_unshare(flag):
             assert found[key], (key, found)
     return found
@@ -270,3 +270,96 @@ def test_network_is_unreachable(features):
         server.settimeout(0)
         with pytest.raises(BlockingIOError):
             server.accept()
+
+
+@pytest.mark.parametrize("patch", [
+    # each makes a wrong solution's failing case read as passed, were the harness to look it up again
+    "import json\n_d = json.dumps\njson.dumps = lambda o, **k: _d({'setup': None, 'cases': ['passed'], 'msg': ''})",
+    "import builtins\nbuiltins.exec = lambda *a, **k: None",
+    "import builtins\n_c = builtins.compile\nbuiltins.compile = lambda s, n, m, *a, **k: _c('pass', n, m)",
+    "import __main__\n__main__._status = lambda e: None",
+])
+def test_patching_modules_builtins_or_the_harness_does_not_pass_a_wrong_solution(patch):
+    result = run_code_tests(patch + "\ndef add(a, b):\n    return 0\n", ["assert add(1, 2) == 3"], FAST)
+    assert result.score == 0.0, result
+
+
+def _shm_keys() -> set[str]:
+    lines = open("/proc/sysvipc/shm").read().splitlines()[1:]
+    return {line.split()[0] for line in lines}
+
+
+def test_system_v_shared_memory_ends_with_the_program(features):
+    if not _can_unshare(NEWIPC):  # (where it can, the fixture checked that the sandbox made one)
+        pytest.skip("this OS allows no IPC namespace")
+    key = secrets.randbelow(2**30) + 1
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"shmid = libc.shmget({key}, 1 << 20, 0o1600)\nassert shmid >= 0, ctypes.get_errno()\n")
+    try:
+        result = run_code_tests(code, "pass", FAST)
+        assert result.score == 1.0, result
+        assert str(key) not in _shm_keys()  # the segment was the program's namespace's, gone with it
+    finally:
+        subprocess.run(["ipcrm", "-M", str(key)], capture_output=True)
+    # and no more of it than memory_mb: a segment past the limit is refused inside
+    big = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+           f"assert libc.shmget({key}, {FAST.memory_mb + 64} << 20, 0o1600) < 0\n")
+    assert run_code_tests(big, "pass", FAST).score == 1.0
+
+
+_AS_OTHER_USER = """
+import json, sys
+from gspo.rewards.sandbox import CodeLimits, SandboxError, run_code_tests
+out = {}
+for same in (False, True):
+    try:
+        r = run_code_tests("import os\\nprint(os.getuid())", "pass", CodeLimits(namespaces=False, allow_same_user=same))
+        out[str(same)] = r.score
+    except SandboxError as e:
+        out[str(same)] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_model_code_never_runs_as_the_trainers_own_uid_without_a_user_namespace_unless_allowed():
+    """As a non-root user with no user namespace the program would run as the trainer's uid, able to
+    SIGKILL it and read /proc/PID/environ: refused, unless allow_same_user. (As root, the test
+    becomes uid 1000 in a user namespace of its own, which reaches what root's files allow.)"""
+    argv = [sys.executable, "-c", _AS_OTHER_USER]
+    if os.geteuid() == 0:
+        argv = ["unshare", "--user", "--map-user=1000", "--map-group=1000", *argv]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = __import__("json").loads(p.stdout.splitlines()[-1])
+    assert "refusing to run model code as uid" in out["False"] and "allow_same_user" in out["False"]
+    assert out["True"] == 1.0
+
+
+def test_a_code_execution_opt_in_that_is_not_true_is_refused_at_start_up():
+    from gspo.config import ConfigError, load_config
+    from gspo.train.reward_specs import checked_reward_specs
+
+    for value in ("'yes'", "false", "1"):
+        cfg = load_config(None, ["rewards.allow_code_execution=true",
+                                 f"rewards.functions=[{{name: code_tests, kwargs: {{allow_code_execution: {value}}}}}]"])
+        with pytest.raises(ConfigError, match=r"rewards\.functions\[0\]\.kwargs.*'allow_code_execution' must be true"):
+            checked_reward_specs(cfg)
+    cfg = load_config(None, ["rewards.allow_code_execution=true", "rewards.functions=[code_tests]"])
+    assert checked_reward_specs(cfg)[0].kwargs["allow_code_execution"] is True
+
+
+def test_working_folders_of_a_killed_caller_are_removed(monkeypatch):
+    monkeypatch.setattr(sandbox, "_SWEPT", False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    tmp = sandbox.tempfile.gettempdir()
+    left = os.path.join(tmp, f"gspo-code-{int(dead.stdout)}-{secrets.token_hex(4)}")
+    alive = os.path.join(tmp, f"gspo-code-{os.getppid()}-{secrets.token_hex(4)}")
+    try:
+        for d in (left, alive):
+            os.makedirs(os.path.join(d, "work"))
+        assert run_code_tests("x = 1", "assert x == 1", FAST).score == 1.0
+        assert not os.path.exists(left) and os.path.exists(alive)
+        assert not [p for p in os.listdir(tmp) if p.startswith(f"gspo-code-{os.getpid()}-")]  # its own is gone too
+    finally:
+        for d in (left, alive):
+            sandbox.shutil.rmtree(d, ignore_errors=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
 import json
 import logging
 import math
@@ -64,7 +65,8 @@ class CodeLimits:
     max_output_chars: int = 2000  # stdout/stderr kept in CodeResult.detail
     python: str | None = None     # interpreter for the program (default: sys.executable)
     sandbox_uid: int = 65534      # uid the program runs as when we are root ("nobody")
-    namespaces: bool = True       # try network/mount/PID (and user) namespaces
+    namespaces: bool = True       # try network/mount/PID/IPC (and user) namespaces
+    allow_same_user: bool = False  # non-root with no user namespace: run as the trainer's own uid anyway
 
     def __post_init__(self):
         for f in ("timeout_s", *_WHOLE_LIMITS):
@@ -87,6 +89,11 @@ def _limit_problem(field: str, value: Any) -> str | None:
 def check_code_options(options: dict) -> None:
     """The `code_tests` options' values, checked at start-up (they are otherwise read at the first
     rollout): raises ValueError naming the option."""
+    if "allow_code_execution" in options and options["allow_code_execution"] is not True:
+        raise ValueError(f"option 'allow_code_execution' must be true (the boolean) for code_tests to run at all, got "
+                         f"{options['allow_code_execution']!r}; leave it out and set rewards.allow_code_execution=true")
+    if not isinstance(options.get("allow_same_user", False), bool):
+        raise ValueError(f"option 'allow_same_user' must be true or false, got {options['allow_same_user']!r}")
     for k in ("timeout_s", "memory_mb", "max_file_mb", "max_procs"):
         if k in options and (problem := _limit_problem(k, options[k])):
             raise ValueError(f"option {k!r} {problem}")
@@ -115,7 +122,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 N = {"errors": []}
 ROOT = os.geteuid() == 0
 UID, GID = (C["uid"], C["uid"]) if ROOT else (os.getuid(), os.getgid())
-NEWNS, NEWNET, NEWPID, NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
+NEWNS, NEWNET, NEWPID, NEWUSER, NEWIPC = 0x20000, 0x40000000, 0x20000000, 0x10000000, 0x8000000
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 KEEP = {"nosuid": NOSUID, "nodev": NODEV, "noexec": NOEXEC, "noatime": 1024, "nodiratime": 2048,
         "relatime": 1 << 21, "strictatime": 1 << 24}
@@ -135,14 +142,18 @@ def blocked(p):  # first directory on the way to p that UID cannot enter (mode b
         bit = 0o100 if st.st_uid == UID else 0o010 if st.st_gid == GID else 0o001
         if not st.st_mode & bit: return d
     return None
-want = (NEWNS | NEWNET | NEWPID | (0 if ROOT else NEWUSER)) if C["namespaces"] else 0
+want = (NEWNS | NEWNET | NEWPID | NEWIPC | (0 if ROOT else NEWUSER)) if C["namespaces"] else 0
 got = want if want and unshare(want) else 0
+if want and not got: N["errors"].append(f"unshare: {os.strerror(ctypes.get_errno())}")
 if not got and ROOT and want:
-    for f in (NEWNS, NEWNET, NEWPID): got |= f if unshare(f) else 0
-N.update(netns=bool(got & NEWNET), mountns=bool(got & NEWNS), pidns=bool(got & NEWPID),
+    for f in (NEWNS, NEWNET, NEWPID, NEWIPC): got |= f if unshare(f) else 0
+N.update(netns=bool(got & NEWNET), mountns=bool(got & NEWNS), pidns=bool(got & NEWPID), ipcns=bool(got & NEWIPC),
          userns=bool(got & NEWUSER), tmpfs=False, readonly=False, uid=None, nproc=False)
 if got & NEWUSER:
     put("/proc/self/setgroups", "deny"); put("/proc/self/uid_map", f"{UID} {UID} 1"); put("/proc/self/gid_map", f"{GID} {GID} 1")
+if got & NEWIPC:  # System V shared memory of its own, gone with the program, and no more of it than memory_mb
+    try: put("/proc/sys/kernel/shmmax", str(L["as"])); put("/proc/sys/kernel/shmall", str(L["as"] // os.sysconf("SC_PAGE_SIZE")))
+    except OSError as e: N["errors"].append(f"shared memory limit: {e}")
 if got & NEWNS:
     try:
         mount(None, "/", None, REC | PRIVATE)
@@ -195,6 +206,13 @@ def child(w, r):
         fail(f"refusing to run model code as root: {C['python']} (or its prefix) is not reachable by uid {UID} "
              f"and cannot be exposed without a mount namespace ({'; '.join(N['errors']) or 'namespaces off or not permitted'}). "
              "Use CodeLimits(python=...) with an interpreter every user can run, or train as a non-root user")
+    if not ROOT and not got & NEWUSER and not C["same_user_ok"]:
+        why = "; ".join(N["errors"]) if C["namespaces"] else "namespaces off"
+        fail(f"refusing to run model code as uid {UID}, the trainer's own, with no user namespace ({why}): it could "
+             "signal the trainer and read its environment (/proc/PID/environ). Allow unprivileged user namespaces "
+             "(sysctl kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu), "
+             "train as root (the program then runs as uid 65534), plug in an isolated executor "
+             "(docs/code_execution.md), or accept this with the code_tests option allow_same_user=true")
     if DROP and C["userns_ok"] and unshare(NEWUSER):  # own user namespace: a per-run process count
         os.write(w, b"u")
         if os.read(r, 1) != b"k": fail("could not write the uid map of the sandbox user namespace")
@@ -243,7 +261,10 @@ def _status(e):
     if isinstance(e, OSError) and e.errno == 27: return "file_size"
     if isinstance(e, SyntaxError): return "syntax_error"
     return "error:" + type(e).__name__
-def _main(write=os.write, getpid=os.getpid, exit=os._exit):
+# everything used after the program starts is bound here, so patching a module, a builtin or
+# this harness (`import __main__`) from the program changes nothing the report depends on
+def _main(write=os.write, getpid=os.getpid, exit=os._exit, dumps=json.dumps, compile=compile, exec=exec,
+          status=_status, enumerate=enumerate):
     nonce = b""
     while not nonce.endswith(b"\n"):
         chunk = os.read(0, 64)
@@ -260,7 +281,7 @@ def _main(write=os.write, getpid=os.getpid, exit=os._exit):
         try: exec(compile(text, name, "exec"), g)
         except BaseException as e:
             if getpid() != pid: exit(1)
-            st = _status(e)
+            st = status(e)
             try:
                 if not rep["msg"]: rep["msg"] = (f"{name}: {type(e).__name__}: {e}")[:300]
             except BaseException: rep["msg"] = name + ": " + st
@@ -272,7 +293,7 @@ def _main(write=os.write, getpid=os.getpid, exit=os._exit):
     for s in (sys.stdout, sys.stderr):
         try: s.flush()
         except BaseException: pass
-    write(out, nonce.strip() + b" " + json.dumps(rep).encode() + b"\n")
+    write(out, nonce.strip() + b" " + dumps(rep).encode() + b"\n")
     exit(0)
 _main()
 '''
@@ -298,7 +319,7 @@ def _note_features(features: dict) -> None:
         if features == _FEATURES:
             return
         _FEATURES = dict(features)
-    missing = [k for k in ("netns", "mountns", "pidns", "tmpfs", "readonly", "nproc") if not features.get(k)]
+    missing = [k for k in ("netns", "mountns", "pidns", "ipcns", "tmpfs", "readonly", "nproc") if not features.get(k)]
     shown = {k: v for k, v in features.items() if k != "errors"}
     if missing:
         log.warning("code sandbox: %s; NOT in force here: %s. %s", shown, ", ".join(missing), "; ".join(features["errors"]))
@@ -313,6 +334,23 @@ def _needed_paths(python: str) -> list[str]:
     return sorted(os.path.realpath(p) for p in paths)
 
 
+_SWEPT = False
+
+
+def _sweep_left_behind() -> None:
+    """Once per process: remove the working folders of runs whose process is gone (killed while a
+    program ran, so its own clean-up never came). Each folder's name carries its process id."""
+    global _SWEPT
+    if _SWEPT:
+        return
+    _SWEPT = True
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "gspo-code-*-*")):
+        pid = os.path.basename(path).split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}"):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | None = None) -> CodeResult:
     """Run `code`, then each test case, in a contained child process (see the module doc).
 
@@ -323,7 +361,8 @@ def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | N
     if not cases:
         raise ValueError("run_code_tests needs at least one test case")
     python = lim.python or sys.executable
-    outer = tempfile.mkdtemp(prefix="gspo-code-")
+    _sweep_left_behind()
+    outer = tempfile.mkdtemp(prefix=f"gspo-code-{os.getpid()}-")
     try:
         os.chmod(outer, 0o711)
         wd = os.path.join(outer, "work")
@@ -340,7 +379,8 @@ def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | N
         try:
             out, err, info = files
             cfg = {"wd": wd, "outer": outer, "uid": lim.sandbox_uid, "python": python, "env": env,
-                   "need": _needed_paths(python), "namespaces": lim.namespaces, "tmpfs_mb": lim.workdir_mb,
+                   "need": _needed_paths(python), "namespaces": lim.namespaces,
+                   "same_user_ok": lim.allow_same_user, "tmpfs_mb": lim.workdir_mb,
                    "info_fd": info.fileno(), "alarm": math.ceil(lim.timeout_s) + 2,
                    "lim": {"cpu": math.ceil(lim.timeout_s), "as": lim.memory_mb << 20, "fsize": lim.max_file_mb << 20,
                            "nproc": lim.max_procs, "nofile": lim.max_open_files}}
@@ -440,12 +480,15 @@ Executor = Callable[[str, Sequence[str], CodeLimits], CodeResult]
 def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequence | None = None,
                       allow_code_execution: bool = RewardsConfig.allow_code_execution, timeout_s: float = 5.0, memory_mb: int = 512,
                       max_file_mb: int = 8, max_procs: int = 32, max_workers: int | None = None,
-                      executor: Executor | None = None, **columns) -> list[float | None]:
+                      executor: Executor | None = None, allow_same_user: bool = False,
+                      **columns) -> list[float | None]:
     """Score each completion's code by the fraction of its test cases that pass (see module doc).
 
     `executor(code, cases, limits) -> CodeResult` replaces the built-in local runner (e.g. to
     call a container or a remote sandbox service). Runs `max_workers` programs at a time
-    (default: the CPU count, at most 8)."""
+    (default: the CPU count, at most 8). `allow_same_user`: as a non-root user where no user
+    namespace can be made, run the programs as your own uid anyway (they can then signal your
+    processes, the trainer included, and read their environment); refused otherwise."""
     if allow_code_execution is not True:
         raise CodeExecutionDisabled(ENABLE_HINT)
     if tests is None:
@@ -454,8 +497,9 @@ def code_tests_reward(prompts: Sequence, completions: Sequence, *, tests: Sequen
     if len(tests) != len(completions):
         raise ValueError(f"code_tests: {len(tests)} tests for {len(completions)} completions")
     check_code_options(dict(timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb, max_procs=max_procs,
-                            max_workers=max_workers, executor=executor))
-    limits = CodeLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb, max_procs=max_procs)
+                            max_workers=max_workers, executor=executor, allow_same_user=allow_same_user))
+    limits = CodeLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb, max_procs=max_procs,
+                        allow_same_user=allow_same_user)
     run = executor or run_code_tests
     jobs = []
     for i, (completion, t) in enumerate(zip(completions, tests)):

@@ -38,7 +38,28 @@ def checked_reward_specs(cfg: Config) -> list[RewardSpec]:
             validate_specs([spec])
         except RewardConfigError as e:
             raise ConfigError(f"config field 'rewards.functions[{i}].{getattr(e, 'field', None) or 'name'}': {e}") from None
+        check_code_sandbox(i, spec)
     return specs
+
+
+def check_code_sandbox(i: int, spec: RewardSpec) -> None:
+    """code_tests on the built-in runner: its containment, set up once now (one trivial program),
+    so that a machine where it cannot run model code safely is refused before any compute rather
+    than at the first rollout. A user's own executor is its own business."""
+    if spec.name.startswith(("model:", "judge:")):
+        return
+    fn = resolve_reward(spec.name)
+    if not is_code_tests(fn):
+        return
+    from gspo.rewards.sandbox import CodeLimits, SandboxError, run_code_tests
+
+    options = {**unwrapped(fn)[1], **spec.kwargs}
+    if options.get("executor") is not None:
+        return
+    try:
+        run_code_tests("", "pass", CodeLimits(allow_same_user=options.get("allow_same_user", False)))
+    except SandboxError as e:
+        raise ConfigError(f"config field 'rewards.functions[{i}]' ('{spec.name}'): {e}") from None
 
 
 def opt_in_code_tests(cfg: Config, i: int, spec: RewardSpec) -> None:
