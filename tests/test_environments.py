@@ -107,3 +107,46 @@ def test_a_game_without_tools_answers_each_turn_through_step():
     _, _, ro = _env_episode(["1", "2"], GuessNumber, [{"secret": 9, "top": 16}], max_turns=2)
     assert ro.finish_reason == ["max_turns"] and ro.env_reward == [0.0]
     assert guess(3, seed=0)[0].keys() >= {"prompt", "secret", "top"}
+
+
+class Unreadable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+class Hostile:
+    """An environment whose texts carry lone surrogates (a tool that decoded bytes with
+    surrogateescape) and whose failures cannot describe themselves."""
+
+    def reset(self, **row) -> str:
+        self.steps = 0
+        return "start \udce9"
+
+    def echo(self, x: int) -> str:
+        """Echo.
+
+        Args:
+            x: anything
+        """
+        return f"got {x} \ud800"
+
+    def rude(self) -> str:
+        """Raise an exception whose message cannot be read."""
+        raise Unreadable()
+
+    def step(self, messages):
+        self.steps += 1
+        return [{"role": "user", "content": "again \udfff"}], self.steps > 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_lone_surrogates_and_unreadable_exceptions_from_user_code_are_replies_not_a_crash(workers):
+    """A lone surrogate reached the tokenizer, which raised TypeError and stopped the run; an
+    exception whose str() raised killed the tool worker (or escaped the runner with no workers)."""
+    tok, gen, ro = _env_episode([call("echo", x=1), call("rude"), "answer", "final"], Hostile, [{}], workers=workers)
+    texts = [m["content"] for m in ro.turns[0]]
+    for t in texts:
+        t.encode("utf-8")  # every text the tokenizer saw is UTF-8
+    tool = [m["content"] for m in ro.turns[0] if m["role"] == "tool"]
+    assert tool[0] == "got 1 ?" and "Unreadable" in tool[1] and tool[1].startswith("error: ")
+    assert "again ?" in texts and ro.finish_reason == ["done"]

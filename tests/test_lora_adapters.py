@@ -9,6 +9,7 @@ import re
 import shutil
 
 import peft
+from safetensors.torch import load_file
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -219,3 +220,29 @@ def test_an_adapter_on_a_tied_embedding_is_refused_at_load(saved, tmp_path):
     user_adapter(saved("qwen3"), tmp_path / "ad", target_modules=["lm_head"])
     with pytest.raises(ModelError, match=r"LoRA adapter on lm_head, whose weight its base .* ties"):
         load_policy(tmp_path / "ad", device="cpu")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("the pickle's code ran",))
+
+
+@pytest.mark.parametrize("what", ["model", "adapter"])
+def test_a_pickled_bin_weights_file_is_one_error_and_its_code_never_runs(llama, adapter, what, tmp_path, capsys):
+    """A pytorch_model.bin (or adapter_model.bin) that torch's weights-only loader refuses raised a
+    raw UnpicklingError: a traceback, exit 1. Now one ModelError naming the folder, exit 2."""
+    from gspo.cli import main
+
+    folder = tmp_path / what
+    shutil.copytree(llama if what == "model" else adapter, folder)
+    stem = "model" if what == "model" else "adapter_model"
+    state = load_file(folder / f"{stem}.safetensors")
+    (folder / f"{stem}.safetensors").unlink()
+    torch.save({**state, "extra": _Evil()}, folder / ("pytorch_model.bin" if what == "model" else "adapter_model.bin"))
+    with pytest.raises(ModelError, match="pickle holding more than tensors"):
+        load_policy(folder)
+    assert main(["train", f"model.name_or_path={folder}", "schedule.rollouts=1", "eval.enabled=false",
+                 f"output.dir={tmp_path}"]) == 2
+    err = capsys.readouterr()
+    assert "pickle holding more than tensors" in err.err and "Traceback" not in err.err, err.err[-1500:]
+    assert "the pickle's code ran" not in err.out + err.err

@@ -9,6 +9,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
 import re
 import time
 from contextlib import contextmanager
@@ -157,12 +158,22 @@ def load_policy(
         model._gspo_saved_dtype = saved_dtype if isinstance(saved_dtype, torch.dtype) else None  # (`saved_dtype`)
     except (OSError, ValueError, SafetensorError) as e:  # hub / file errors are OSError subclasses
         raise _load_error("model", name, e) from e
+    except pickle.UnpicklingError:
+        raise _pickle_error("model", name) from None
     model.to(resolve_device(device))
     return model, _ready_tokenizer(tokenizer, model, name)
 
 
 def _is_adapter(name: str) -> bool:
     return not os.path.isfile(os.path.join(name, "config.json")) and os.path.isfile(os.path.join(name, "adapter_config.json"))
+
+
+def _pickle_error(what: str, name: str) -> ModelError:
+    """A `.bin` weights file that torch's weights-only loader refused: a pickle holding more than
+    tensors, whose code gspo never runs."""
+    return ModelError(f"could not load {what} {name!r}: its .bin weights file is a pickle holding more than "
+                      "tensors, and gspo loads weights only (it never runs a pickle's code); in an environment "
+                      "you trust, load it and save it again with save_pretrained (safetensors)")
 
 
 def _load_error(what: str, name: str, e: BaseException) -> ModelError:
@@ -286,6 +297,8 @@ def _load_adapter(path: str, tokenizer=None, **load):
         raise ModelError(f"model path {path!r} is a LoRA adapter that does not fit the base model its "
                          f"adapter_config.json names ({base!r}): {first}; set base_model_name_or_path to the "
                          f"model it was trained on") from None
+    except pickle.UnpicklingError:
+        raise _pickle_error("LoRA adapter", path) from None
     adapted = [n for n, m in model.named_modules() if any(getattr(m, "base_layer", None) is t for t in tied)]
     if adapted:
         raise ModelError(f"model path {path!r} is a LoRA adapter on {adapted[0].removeprefix('base_model.model.')}, "

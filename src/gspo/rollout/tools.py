@@ -102,11 +102,27 @@ def tool_schema(fn: Callable, what: str = "tool") -> dict:
             "hints on every argument and a docstring with a description and an 'Args:' section") from None
 
 
+def clean_text(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate (from a tool that decoded bytes with
+    `surrogateescape`, or sliced an emoji's UTF-16 pair) becomes '?' instead of stopping the
+    run where the tokenizer meets it."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def describe(e: BaseException) -> str:
+    """'Type: message' of an exception raised by user code, whose `str()` may itself raise."""
+    try:
+        message = str(e)
+    except Exception:  # noqa: BLE001
+        message = "(its message could not be read: str() raised)"
+    return clean_text(f"{type(e).__name__}: {message}")
+
+
 def reply_text(value: Any) -> str | None:
     """A tool's return value as the text of its reply: str as is, numbers, bools and JSON-able
     lists / dicts as JSON; None for anything else (counted as bad_return)."""
     if isinstance(value, str):
-        return value
+        return clean_text(str.__str__(value))  # (a str subclass's own __str__ is not trusted)
     if isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
         value = value.item()  # numpy's and torch's scalars: their Python number
     if isinstance(value, numbers.Rational) and not isinstance(value, numbers.Integral):
@@ -124,7 +140,7 @@ def _call_tool(fn: Callable, arguments: dict) -> tuple[str, str]:
     try:
         value = fn(**arguments)
     except Exception as e:
-        return "error", f"error: {type(e).__name__}: {e}"
+        return "error", f"error: {describe(e)}"
     text = reply_text(value)
     if text is None:
         return "bad_return", f"error: the tool returned {type(value).__name__}, not text"
@@ -139,6 +155,16 @@ class _Host:
         self.tools, self.env_class, self.envs = tools, env_class, {}
 
     def handle(self, op: str, *args):
+        """One request's reply; whatever user code raises on the way (a `bool()` or `repr()` of
+        what it returned included) is the request's error, never the worker's end."""
+        if op not in ("call", "reset", "env_call", "step", "finish"):
+            raise ValueError(op)
+        try:
+            return self._handle(op, *args)
+        except Exception as e:  # noqa: BLE001
+            return "error", describe(e)
+
+    def _handle(self, op: str, *args):
         if op == "call":
             name, arguments = args
             return _call_tool(self.tools[name], arguments)
@@ -148,7 +174,7 @@ class _Host:
                 env = self.env_class()
                 obs = env.reset(**row)
             except Exception as e:
-                return "error", f"{type(e).__name__}: {e}"
+                return "error", describe(e)
             self.envs[ep] = env
             return "ok", None if obs is None else reply_text(obs)
         if op == "env_call":
@@ -159,12 +185,13 @@ class _Host:
             try:
                 new, done = self.envs[ep].step(messages)
             except Exception as e:
-                return "error", f"{type(e).__name__}: {e}"
+                return "error", describe(e)
             if isinstance(new, str):
                 new = [{"role": "user", "content": new}]
             if not (isinstance(new, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                   for m in new)):
                 return "error", f"step returned {type(new).__name__}, not a list of messages"
+            new = [{**m, "content": clean_text(m["content"])} for m in new]
             return "ok", (new, bool(done))
         if op == "finish":  # the environment's reward (None: it reports none), then it is dropped
             ep = args[0]
@@ -173,11 +200,10 @@ class _Host:
             try:
                 value = value() if callable(value) else value
             except Exception as e:
-                return "error", f"reward raised {type(e).__name__}: {e}"
+                return "error", f"reward raised {describe(e)}"
             ok = value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)
                                    and math.isfinite(value))
             return ("ok", None if value is None else float(value)) if ok else ("error", f"reward {value!r}")
-        raise ValueError(op)
 
 
 def _worker_main(conn, tools: dict, env_class, parent_pid: int) -> None:
