@@ -23,6 +23,7 @@ from gspo.config.fields import (  # noqa: F401  (the names users import from gsp
     RewardsConfig, RolloutConfig, ScheduleConfig, TinyConfig, VllmConfig, doc,
 )
 from gspo.config.rules import fill_clip, objective_args, validate, validate_world, vllm_logprobs_mode  # noqa: F401
+from gspo.config.trl_names import trl_hint
 
 
 # ---------------------------------------------------------------- loading
@@ -36,7 +37,8 @@ def _friendly(err: OmegaConfBaseException) -> str:
 
         names = [n for n, _, _ in field_docs()]
         close = difflib.get_close_matches(key, names, n=1)
-        msg = "unknown field" + (f" (did you mean '{close[0]}'?)" if close else "")
+        trl = trl_hint(key.rsplit(".", 1)[-1])
+        msg = "unknown field" + (f"; {trl}" if trl else f" (did you mean '{close[0]}'?)" if close else "")
     return f"config field '{key}': {msg}" if key else msg
 
 
@@ -61,6 +63,9 @@ def _shape(value, cls: type, prefix: str = ""):
     for key, v in value.items():
         name = f"{prefix}{key}"
         if key not in names:
+            trl = trl_hint(str(key)) if "[" not in prefix else None  # TRL's name, bare or under any section
+            if trl:
+                raise ConfigError(f"config field '{name}': unknown field; {trl}")
             every = [n for n, _, _ in field_docs()] if "[" not in prefix else []
             close = [n for n in every if n.rsplit(".", 1)[-1] == key][:1]  # the field of another section
             close = close or [prefix + c for c in difflib.get_close_matches(str(key), names, n=1)]

@@ -8,9 +8,11 @@ For a chat dataset, prompts are message lists and each completion is TRL's conve
 shape `[{"role": "assistant", "content": text}]`; the built-ins accept both shapes.
 `columns` are the dataset's other columns (e.g. `answer`), each a list aligned with
 `completions`, plus any fixed keyword arguments from the `RewardSpec`. A function must accept
-`**kwargs` (it is handed every column). It returns one value per completion: an int, float or
-bool, or None when it cannot score that sample (the sample is then "missing"). NaN and inf are
-rejected: return None instead of NaN.
+`**kwargs` (it is handed every column). One that names `prompts` or `completions`, or takes no
+positional parameter (`def f(**kwargs)`), gets both by keyword, as TRL passes them (`by_keyword`);
+a signature that cannot take them is refused when the function is resolved. It returns one
+value per completion: an int, float or bool, or None when it cannot score that sample (the
+sample is then "missing"). NaN and inf are rejected: return None instead of NaN.
 
 `gspo.rewards.runner.RewardRunner` calls the functions in long-lived worker processes with a
 deadline; `gspo.rewards.builtins` holds the built-in functions and `gspo.rewards.sandbox` the
@@ -128,7 +130,48 @@ def _check_callable(fn: Any, what: str) -> Callable:
             f"{what}: reward functions must accept **kwargs (they receive every dataset column), "
             f"e.g. def f(prompts, completions, **kwargs)"
         )
+    why = _uncallable(fn)
+    if why:
+        raise RewardConfigError(f"{what}: cannot be called as reward functions are ({why}): it gets the prompts and "
+                                "the completions by keyword when it names `prompts` or `completions` or has no "
+                                "positional parameter, else as its first two positional arguments, and the columns "
+                                "by keyword; e.g. def f(completions, **kwargs) or def f(prompts, completions, **kwargs)")
     return fn
+
+
+def by_keyword(fn: Callable) -> bool:
+    """Whether the runner passes `prompts` and `completions` to `fn` by keyword, as TRL calls
+    reward functions: when `fn` names either as a parameter a keyword can set
+    (`def f(completions, **kwargs)`, `def f(completions, answer, **kwargs)`), or takes no
+    positional argument at all (`def f(**kwargs)`); otherwise (`def f(ps, cs, **kwargs)`,
+    `def f(prompts, completions, /, **kwargs)`) the two go first, by position."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    P = inspect.Parameter
+    if not any(p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.VAR_POSITIONAL) for p in params.values()):
+        return True
+    named = [params[k] for k in ("prompts", "completions") if k in params]
+    return bool(named) and all(p.kind is not P.POSITIONAL_ONLY for p in named)
+
+
+def _uncallable(fn: Callable) -> str | None:
+    """Why `fn` cannot take the prompts and the completions as `by_keyword` says the runner passes
+    them (a positional parameter too few, a positional-only one that nothing fills: the columns
+    come by keyword), or None. A required parameter left over is a column's (checked against
+    the data at start-up: `gspo.train.prompts.check_named_columns`)."""
+    sig = inspect.signature(fn)
+    params = sig.parameters.values()
+    try:
+        bound = (sig.bind_partial(prompts=[], completions=[]) if by_keyword(fn)
+                 else sig.bind_partial([], [])).arguments
+    except TypeError as e:
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return (f"it takes {len(names)} positional argument{'s' * (len(names) != 1)} ({', '.join(names)}), not the "
+                "prompts and the completions" if len(names) < 2 else str(e))
+    unfilled = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty and p.name not in bound]
+    return f"its positional-only parameter {unfilled[0]!r} is never given" if unfilled else None
 
 
 def resolve_reward(name: str | Callable, kwargs: dict | None = None) -> Callable:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from gspo.config import RewardsConfig
-from gspo.rewards import RewardConfigError, RewardError, RewardSpec, validate_specs
+from gspo.rewards import RewardConfigError, RewardError, RewardSpec, by_keyword, validate_specs
 from gspo.rewards.models import DeadlineExceeded, ModelScorer
 from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
                                   kill_worker, watch_parent)
@@ -63,19 +63,6 @@ def _finite(v: numbers.Real) -> bool:
         return math.isfinite(float(v))
     except OverflowError:
         return False
-
-
-def by_keyword(fn) -> bool:
-    """Whether `fn` names a parameter `prompts` or `completions` that can be passed by keyword:
-    it is then called as TRL calls reward functions, with both by keyword (so
-    `def f(completions, **kwargs)` and `def f(completions, answer, **kwargs)` work); otherwise
-    (`def f(prompts, completions, /, **kwargs)` too) the two go first, by position."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    named = [params[k] for k in ("prompts", "completions") if k in params]
-    return bool(named) and all(p.kind is not inspect.Parameter.POSITIONAL_ONLY for p in named)
 
 
 def _call(fn, kwargs, prompts, completions, columns) -> Any:

@@ -207,8 +207,7 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
     the function and the argument. code_tests needs a `tests` column."""
     import inspect
 
-    from gspo.rewards import is_code_tests, resolve_reward
-    from gspo.rewards.runner import by_keyword
+    from gspo.rewards import by_keyword, is_code_tests, resolve_reward
 
     columns = {k for r in rows for k in r} - {"prompt"}
     if cfg.rollout.environment:  # the trainer adds the environment's own reward after the episodes
@@ -230,11 +229,14 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
         missing = [n for n in needed if n not in columns]
         if missing:
             n = missing[0]
+            at = f"config field 'rewards.functions[{i}].name': '{f.name}' needs the argument {n!r}"
+            if n == cfg.data.prompt_column:  # (validate_rows renamed it "prompt", which is no keyword column)
+                raise DataError(f"{at}: {n!r} is the prompt column (data.prompt_column), which reward functions "
+                                "receive as `prompts`: name the argument prompts")
             why = (f"gspo passes a reward function the prompts, the completions and every dataset column; {n!r} is "
                    "one TRL adds, which gspo does not" if n in TRL_ONLY_ARGUMENTS else
                    f"{rows_source(cfg, held)} has no column {n!r} (its columns: {', '.join(sorted(columns)) or 'none'})")
-            raise DataError(f"config field 'rewards.functions[{i}].name': '{f.name}' needs the argument {n!r}: {why}; "
-                            f"give it a default, or set it in rewards.functions[{i}].kwargs")
+            raise DataError(f"{at}: {why}; give it a default, or set it in rewards.functions[{i}].kwargs")
 
 
 def check_option_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:
