@@ -44,7 +44,7 @@ def test_sampler_resume_equals_uninterrupted(stop):
     for _ in range(stop):
         s.next_batch()
     state = json.loads(json.dumps(s.state_dict()))
-    assert all(type(v) is int for v in state.values())
+    assert all(type(v) is int for k, v in state.items() if k != "data_sha256")  # (and the rows' sha256)
     resumed = PromptStream(ROWS100, 8, seed=7)
     resumed.load_state_dict(state)
     assert [ids(resumed.next_batch()) for _ in range(20)] == expected[stop:]

@@ -103,6 +103,8 @@ class DataConfig:
                                       "where a learned position table leaves less room beside the completion)")
     shuffle: bool = doc(True, "reshuffle the prompts every epoch (seeded); false: file order, each epoch starting where "
                         "the last stopped")
+    resume_on_changed: bool = doc(False, "resume on data whose rows differ from the checkpoint's (as many rows, other "
+                                  "contents), going on from the saved position over them; false: that is an error")
     chat_template_kwargs: Dict[str, Any] = doc({}, "extra variables for the tokenizer's chat template wherever it "
                                                "renders (TRL's chat_template_kwargs), e.g. {enable_thinking: false} "
                                                "for Qwen3")
@@ -279,7 +281,8 @@ class EvalConfig:
 @dataclass
 class LoggingConfig:
     console: bool = doc(True, "progress bar and tables on the console")
-    completions_every: int = doc(10, "write sampled completions to completions/ every N rollouts (0 = never)")
+    completions_every: int = doc(10, "write sampled completions to completions/ on rollout 1 and every N rollouts "
+                                 "(0 = never)")
     table_every: int = doc(10, "print a table of sample completions every N rollouts (0 = never)")
     table_rows: int = doc(4, "rows in the console completions table")
     routing_per_layer: bool = doc(False, "MoE: also log routing/changed_frac for every layer")

@@ -12,6 +12,8 @@ endlessly, deterministically and resumably. Built-in offline tasks live in `gspo
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -191,7 +193,9 @@ class PromptStream:
     drawn.
 
     `state_dict()` / `load_state_dict()` capture the position exactly: a stream restored from
-    a state dict yields the same batches as one that never stopped.
+    a state dict yields the same batches as one that never stopped. The state holds a sha256 of
+    the rows (`data_sha256`), so that a resume on edited data of the same length is refused
+    rather than dealt out from the old position. `source` names the rows in errors.
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class PromptStream:
         shuffle: bool = DataConfig.shuffle,
         rank: int = 0,
         world_size: int = 1,
+        source: str = "",
     ):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise DataError(f"PromptStream: batch_size must be a positive int, got {batch_size!r}")
@@ -215,7 +220,8 @@ class PromptStream:
         self.rows = list(rows)
         self.columns = column_names(self.rows)  # every call of a reward function gets all of them
         self.batch_size, self.seed, self.shuffle = batch_size, seed, bool(shuffle)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.source = rank, world_size, source
+        self._sha256: str | None = None  # (`data_sha256`: computed once, at the first checkpoint or resume)
         self.global_batch_size = batch_size * world_size
         if len(self.rows) < self.global_batch_size:
             raise DataError(
@@ -243,6 +249,19 @@ class PromptStream:
         return self._position
 
     @property
+    def data_sha256(self) -> str:
+        """sha256 over the rows in order, each as JSON with sorted keys (its prompt and every
+        column the rewards get), computed once."""
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            for row in self.rows:  # (numpy values from Parquet as lists, anything else as its text)
+                h.update(json.dumps(row, sort_keys=True, ensure_ascii=False,
+                                    default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)).encode())
+                h.update(b"\n")
+            self._sha256 = h.hexdigest()
+        return self._sha256
+
+    @property
     def steps_per_epoch(self) -> int:
         return len(self.rows) // self.global_batch_size
 
@@ -263,9 +282,10 @@ class PromptStream:
     def __next__(self) -> list[dict]:
         return self.next_batch()
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict:
         """JSON-able position, plus what must match for a resume to be exact."""
         return {
+            "data_sha256": self.data_sha256,
             "epoch": self._epoch,
             "position": self._position,
             "seed": self.seed,
@@ -275,12 +295,19 @@ class PromptStream:
             "shuffle": int(self.shuffle),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def data_changed(self, state: dict) -> bool:
+        """Whether `state` was saved over other rows than these: its `data_sha256` differs (a
+        state written before the hash was kept has none, and passes)."""
+        return "data_sha256" in state and state["data_sha256"] != self.data_sha256
+
+    def load_state_dict(self, state: dict, *, allow_changed: bool = False) -> None:
         """Restore a position from `state_dict()`. DataError if the dataset size, seed, batch
-        size, world size or shuffle setting differ from the saved run's."""
-        mine = self.state_dict()
+        size, world size or shuffle setting differ from the saved run's, or, unless
+        `allow_changed` (data.resume_on_changed), the rows themselves (`data_changed`)."""
+        mine = {k: v for k, v in self.state_dict().items() if k != "data_sha256"}
+        src = f"config field 'data.source' ({self.source})" if self.source else "config field 'data.source'"
         for key, what in (  # world_size before batch_size, which is per process
-                ("num_rows", "config field 'data.source': the resumed run's prompt stream draws from {old} prompts, "
+                ("num_rows", src + ": the resumed run's prompt stream draws from {old} prompts, "
                              "this data has {new} (after data.num_prompts and data.max_prompt_tokens)"),
                 ("seed", "config field 'seed': the resumed run's prompt stream has seed={old}, this run seed={new}"),
                 ("world_size", "the resumed run's prompt stream was split over {old} processes, this run has {new}"),
@@ -291,6 +318,12 @@ class PromptStream:
             if key in state and int(state[key]) != mine[key]:
                 raise DataError(what.format(old=state[key], new=mine[key]) + "; an exact resume needs the data and "
                                 "settings the run began with (or start a new run)")
+        if self.data_changed(state) and not allow_changed:
+            raise DataError(f"{src}: the data changed since the checkpoint: its {len(self.rows)} prompts are as many "
+                            f"as the resumed run's, but not the same rows (sha256 {self.data_sha256[:12]}, the run's "
+                            f"{str(state['data_sha256'])[:12]}); an exact resume needs the data the run began with: "
+                            "restore it, start a new run, or set data.resume_on_changed=true to go on over these "
+                            "rows from the saved position")
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self.rows):
             raise DataError(f"PromptStream.load_state_dict: bad epoch/position {epoch}/{position}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -401,7 +402,11 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                     print(f"run {run_dir} already finished at rollout {state.rollout}: nothing to do")
                 run.close()
                 return run_dir
-            run.prompts.load_state_dict(state.prompts)
+            run.prompts.load_state_dict(state.prompts, allow_changed=cfg.data.resume_on_changed)
+            if d.is_main and run.prompts.data_changed(state.prompts):
+                print(f"warning: data.source {cfg.data.source}: the rows changed since the checkpoint (as many as "
+                      "before); data.resume_on_changed=true goes on over them from the saved position",
+                      file=sys.stderr)
             if d.is_main:
                 (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the settings it goes on with
                 truncate_metrics(run_dir / "metrics.jsonl", state.step)

@@ -29,7 +29,7 @@ from gspo.train import checkpoint as ckpt
 from gspo.train.distributed import Dist
 
 # the settings a resume is meant to change, and those whose change the checkpoint cannot take
-FREE = ("resume", "schedule.rollouts", "threads", "output.", "logging.", "checkpoint.")
+FREE = ("resume", "schedule.rollouts", "threads", "output.", "logging.", "checkpoint.", "data.resume_on_changed")
 SHAPE, SHAPE_FREE = ("lora.", "tiny."), ("lora.merge_final", "lora.dropout")
 
 

@@ -369,7 +369,7 @@ def build_run(cfg: Config) -> Run:
             say_held_out(cfg, eval_rows, dropped_held, cap)
         r = cfg.rollout
         prompts = PromptStream(rows, r.prompts_per_step // d.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
-                               rank=d.rank, world_size=d.world_size)
+                               rank=d.rank, world_size=d.world_size, source=cfg.data.source)
         mp = cfg.model.mixed_precision == "bf16"
         # async mode samples on the generators: the learners hold no copy and no engine of their own
         generator_model = model if asynchronous else distributed.generator_copy(model, d) or model
