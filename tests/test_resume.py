@@ -374,6 +374,13 @@ def test_a_first_signal_is_acknowledged_and_a_second_stops_at_once_without_a_tra
         with pytest.raises(Interrupted, match="its checkpoint step-4 is intact"):
             stop._handle(signal.SIGINT, None)
     assert "loses the work since checkpoint step-4" in capsys.readouterr().err
+    with StopRequest(say=True, run_dir=run) as stop:  # a SIGTERM's message named Ctrl-C
+        stop._handle(signal.SIGTERM, None)
+        with pytest.raises(Interrupted, match="its checkpoint step-4 is intact"):
+            stop._handle(signal.SIGTERM, None)
+    err = capsys.readouterr().err
+    assert "gspo: SIGTERM: stopping after the rollout in progress" in err and "Ctrl-C stops" not in err
+    assert "a second SIGTERM (or a Ctrl-C) stops at once and loses the work since checkpoint step-4" in err
 
     def interrupted(args):
         raise stopped.value

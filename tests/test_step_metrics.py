@@ -37,3 +37,18 @@ def test_empty_frac_counts_completions_of_special_tokens_alone():
     rewards = SimpleNamespace(rewards=torch.zeros(6), stats={})
     m = rollout_metrics(Dist(), ro, rewards, {})
     assert m["completion/empty_frac"] == pytest.approx(4 / 6)  # 4 of the 6 (float32 mean)
+
+
+def test_completions_are_written_on_rollout_1_and_every_n_and_the_help_says_so():
+    """logging.completions_every's help said "every N rollouts", but rollout 1 is written too
+    (a first look at what the model writes, before the Nth rollout)."""
+    from gspo.config import field_docs
+    from gspo.train.step_metrics import _completions_due
+
+    run = SimpleNamespace(cfg=SimpleNamespace(logging=SimpleNamespace(completions_every=10, table_every=0)))
+    due = [r for r in range(1, 31) if _completions_due(run, SimpleNamespace(rollout=r))[0]]
+    assert due == [1, 10, 20, 30]
+    run.cfg.logging.completions_every = 0
+    assert not any(_completions_due(run, SimpleNamespace(rollout=r))[0] for r in range(1, 31))
+    help_text = dict((name, text) for name, _, text in field_docs())["logging.completions_every"]
+    assert "on rollout 1 and every N rollouts" in help_text

@@ -55,8 +55,10 @@ class StopRequest:
         self.signum = signum
         if self.say:
             lose = f"the work since checkpoint {saved}" if saved else "all of the run's work (it has no checkpoint yet)"
-            print(f"\ngspo: stopping after the rollout in progress, then saving a checkpoint to resume from "
-                  f"(resume=auto); a second Ctrl-C stops at once and loses {lose}", file=sys.stderr, flush=True)
+            got, again = (("Ctrl-C", "a second Ctrl-C") if signum == signals.SIGINT else
+                          ("SIGTERM", "a second SIGTERM (or a Ctrl-C)"))  # either second signal stops at once
+            print(f"\ngspo: {got}: stopping after the rollout in progress, then saving a checkpoint to resume from "
+                  f"(resume=auto); {again} stops at once and loses {lose}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
