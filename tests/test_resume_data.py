@@ -39,6 +39,18 @@ def test_the_stream_state_holds_the_rows_hash_and_a_resume_on_other_rows_is_refu
     assert before.position == 2
 
 
+def test_the_rows_hash_takes_what_files_hold():
+    """Values JSON has no word for (Parquet's numpy arrays, dates) and a lone surrogate read from a
+    JSON file, which UTF-8 cannot encode, are hashed rather than stopping the first checkpoint."""
+    import datetime
+
+    import numpy as np
+
+    rows = [{"prompt": "caf\udce9", "answer": np.array([1, 2]), "when": datetime.date(2026, 1, 1)}] * 2
+    h = PromptStream(rows, 1, seed=0).data_sha256
+    assert len(h) == 64 and h != PromptStream([{**rows[0], "answer": np.array([1, 3])}] * 2, 1, seed=0).data_sha256
+
+
 RUN = ["tiny.hidden_size=32", "tiny.num_layers=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
        "rollout.max_new_tokens=4", "schedule.num_minibatches=1", "eval.enabled=false", "logging.console=false",
        "checkpoint.every=1", "rewards.functions=[{name: exact_answer}]"]

@@ -256,7 +256,8 @@ class PromptStream:
             h = hashlib.sha256()
             for row in self.rows:  # (numpy values from Parquet as lists, anything else as its text)
                 h.update(json.dumps(row, sort_keys=True, ensure_ascii=False,
-                                    default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)).encode())
+                                    default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)
+                                    ).encode("utf-8", "surrogatepass"))  # (a lone surrogate read from JSON)
                 h.update(b"\n")
             self._sha256 = h.hexdigest()
         return self._sha256
