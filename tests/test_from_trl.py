@@ -44,6 +44,8 @@ def test_a_reward_function_that_takes_only_keywords_gets_the_prompts_and_complet
 @pytest.mark.parametrize("signature, why", [
     ("one(x, **kw)", r"it takes 1 positional argument \(x\), not the prompts and the completions"),
     ("one(prompts, completions, answer, /, **kw)", r"its positional-only parameter 'answer' is never given"),
+    # by position the two would land swapped, with no error at all
+    ("one(completions, /, prompts, **kw)", r"by position its parameter 'completions' would get the prompts"),
 ])
 def test_a_reward_signature_no_call_fits_is_one_error_naming_it_before_compute(tmp_path, capsys, signature, why):
     """It failed at the first scoring, after a rollout, with the worker's TypeError."""
@@ -55,20 +57,32 @@ def test_a_reward_signature_no_call_fits_is_one_error_naming_it_before_compute(t
     assert not (run_dir / "metrics.jsonl").exists()
 
 
+def test_an_async_generator_reward_is_refused_before_compute(tmp_path, capsys):
+    """It passed start-up and stopped the run at the first scoring ("returned async_generator")."""
+    (tmp_path / "r.py").write_text("async def one(completions, **kw):\n    yield [1.0] * len(completions)\n")
+    rc, run_dir = train(tmp_path, f"rewards.functions=[{tmp_path / 'r.py'}:one]")
+    err = capsys.readouterr().err
+    assert rc == 2 and "r.py:one': an async generator (an `async def` that yields) gives no list" in err, err[-1500:]
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
 # ------------------------------------------------------------------------ the prompt column
 
 
-def test_a_reward_that_reads_the_prompt_column_by_name_is_told_it_is_prompts(tmp_path, capsys):
+@pytest.mark.parametrize("argument", ["question", "question=None", "*, question=''"])
+def test_a_reward_that_reads_the_prompt_column_by_name_is_told_it_is_prompts(tmp_path, capsys, argument):
     """`def r(completions, question, **kw)` with data.prompt_column=question was told the file had
-    no column 'question' (it has: the prompt column, renamed when read)."""
+    no column 'question' (it has: the prompt column, renamed when read); with a default, the
+    reward got that default on every call, silently."""
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8)))
-    (tmp_path / "r.py").write_text("def r(completions, question, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "r.py").write_text(f"def r(completions, {argument}, **kw):\n    return [1.0] * len(completions)\n")
     rc, run_dir = train(tmp_path, f"data.source={data}", "data.prompt_column=question",
                         f"rewards.functions=[{tmp_path / 'r.py'}:r]")
     err = capsys.readouterr().err
     assert rc == 2 and "r.py:r' needs the argument 'question': 'question' is the prompt column (data.prompt_column), " \
-                       "which reward functions receive as `prompts`: name the argument prompts" in err, err[-1500:]
+                       "which reward functions receive as `prompts`, never under its own name: name the argument prompts" in err, \
+        err[-1500:]
     assert not (run_dir / "metrics.jsonl").exists()
 
 

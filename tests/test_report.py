@@ -306,8 +306,8 @@ def test_final_values_are_the_last_evaluations_even_when_null(tmp_path):
     lines.append({"step": 3, "eval/accuracy": None, "eval/pass@4": None, "reward/mean": None})
     (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     run, summary = load_run(d), dict(report._SUMMARY)
-    assert summary["final eval accuracy"](run) is None and summary["final reward mean"](run) is None
-    assert report._pass_at_k(run) is None
+    assert summary["final eval accuracy"](run) == summary["final reward mean"](run) == "— (null at step 3)"
+    assert report._pass_at_k(run) == "— (null at step 3)"
     assert summary["best eval accuracy"](run) == "0.25 (step 0)"
     assert summary["min / max sequence ratio"](run) == "0.9 / 1.1"
 
@@ -319,5 +319,11 @@ def test_final_values_are_the_last_evaluations_even_when_null(tmp_path):
     page = make_report([d, skipped], tmp_path / "out").read_text()
     ratio_row = page.split("<th>min / max sequence ratio</th>")[1].split("</tr>")[0]
     assert ratio_row == '<td class="n">0.9 / 1.1</td><td class="n">—</td>' and "— / —" not in page
-    assert "final eval accuracy" not in page  # "—" in both runs: the row is left out
+    # the last evaluation came back empty: the row stays and says so (it was left out, as if the
+    # run never evaluated); the run that never evaluated shows "—"
+    acc_row = page.split("<th>final eval accuracy</th>")[1].split("</tr>")[0]
+    assert acc_row == '<td class="n">— (null at step 3)</td><td class="n">—</td>', acc_row
+    alone = make_report([d], tmp_path / "alone").read_text()
+    assert "<th>final eval accuracy</th><td class=\"n\">— (null at step 3)</td>" in alone
+    assert "final eval accuracy" not in make_report([skipped], tmp_path / "never").read_text()
     assert "<th>mean skipped-row fraction</th>" in page

@@ -23,8 +23,21 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "mask_truncated_completions": ("algo.mask_truncated", ""),
     "sapo_temperature_pos": ("algo.sapo_tau_pos", ""),
     "sapo_temperature_neg": ("algo.sapo_tau_neg", ""),
-    "vllm_importance_sampling_correction": ("algo.mismatch_correction", "none | tis | mis, with algo.mismatch_level "
-                                                                        "and algo.mismatch_cap"),
+    "vllm_importance_sampling_correction": ("algo.mismatch_correction", "auto (gspo's default: tis where it was "
+                                                                        "measured to help) | none | tis | mis, with "
+                                                                        "algo.mismatch_level and algo.mismatch_cap"),
+    "vllm_importance_sampling_mode": ("algo.mismatch_correction", "TRL's <level>_truncate is tis and <level>_mask is "
+                                                                  "mis, with the level in algo.mismatch_level"),
+    "vllm_importance_sampling_cap": ("algo.mismatch_cap", ""),
+    "vllm_importance_sampling_clip_max": ("algo.mismatch_cap", ""),
+    "vllm_importance_sampling_clip_min": ("algo.mismatch_floor", "mis only"),
+    "delta": (None, "TRL's two-sided bound on the ratio of a negative-advantage token (INTELLECT-2) has no "
+                    "counterpart; ratios are clipped to [1 - algo.eps_low, 1 + algo.eps_high]"),
+    "num_generations_eval": ("eval.pass_k", "evaluation scores one greedy completion per prompt, and with "
+                                            "eval.pass_k=k also k samples for pass@k"),
+    "per_device_eval_batch_size": (None, "evaluation generates its held-out prompts (eval.num_prompts) in batches "
+                                         "of its own"),
+    "save_strategy": (None, "gspo saves every checkpoint.every rollouts and every checkpoint.every_minutes"),
     "learning_rate": ("optim.lr", ""),
     "adam_beta1": ("optim.beta1", ""),
     "adam_beta2": ("optim.beta2", ""),
@@ -52,7 +65,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "min_p": (None, "gspo samples from the policy at rollout.temperature, filtered by rollout.top_p and "
                     "rollout.top_k only"),
     "reward_weights": ("rewards.functions", "a weight per function: [{name: ..., weight: ...}]"),
-    "disable_dropout": ("model.dropout", "off by default, as TRL's disable_dropout=true"),
+    "disable_dropout": ("model.dropout", "dropout is off by default here (TRL's default keeps it on)"),
     "bf16": ("model.mixed_precision", "bf16: bf16 compute over fp32 weights; model.dtype=bfloat16 for bf16 weights"),
     "use_vllm": ("rollout.backend", "rollout.backend=vllm, extra gspo[vllm]"),
     "vllm_gpu_memory_utilization": ("vllm.gpu_memory_utilization", ""),

@@ -269,10 +269,15 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _final(r: Run, key: str) -> float | None:
-    """`key` at the last step that logged it (the last evaluation's, for eval/*): None, shown
-    "—", where that value is null or NaN, never an earlier step's value."""
-    return next((_num(m[key]) for m in reversed(r.metrics) if key in m), None)
+def _final(r: Run, key: str) -> float | str | None:
+    """`key` at the last step that logged it (the last evaluation's, for eval/*), never an
+    earlier step's value: where that value is null or NaN, "— (null at step N)", so that the row
+    stays and says so; None where no step logged `key` (the row is left out if no run has it)."""
+    last = next((m for m in reversed(r.metrics) if key in m), None)
+    if last is None:
+        return None
+    v = _num(last[key])
+    return f"— (null at step {last.get('step')})" if v is None else v
 
 
 def _tail_mean(xs: Sequence[float]) -> float | None:
@@ -295,7 +300,10 @@ def _duration(r: Run) -> str:
 def _pass_at_k(r: Run) -> str | None:
     """The last evaluation's eval/pass@K value (K is the run's eval.pass_k), labelled with its K."""
     key = next((k for m in reversed(r.metrics) for k in m if re.fullmatch(r"eval/pass@\d+", k)), None)
-    return None if key is None or (v := _final(r, key)) is None else f"{_fmt(v)} ({key[5:]})"
+    if key is None:
+        return None
+    v = _final(r, key)
+    return v if isinstance(v, str) else f"{_fmt(v)} ({key[5:]})"
 
 
 def _ratio_range(r: Run) -> str:

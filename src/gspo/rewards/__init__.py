@@ -121,6 +121,10 @@ def _check_callable(fn: Any, what: str) -> Callable:
     if inspect.isclass(fn):  # calling it would construct an instance, not score
         raise RewardConfigError(f"{what}: {fn.__name__} is a class; give a reward function, or an instance "
                                 f"of the class (a module-level `scorer = {fn.__name__}(...)`) whose __call__ scores")
+    inner = unwrapped(fn)[0]
+    if inspect.isasyncgenfunction(inner) or inspect.isasyncgenfunction(getattr(inner, "__call__", None)):
+        raise RewardConfigError(f"{what}: an async generator (an `async def` that yields) gives no list of rewards; "
+                                "return the list (an `async def` that returns it is fine)")
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # some builtins have no signature; trust them
@@ -163,15 +167,21 @@ def _uncallable(fn: Callable) -> str | None:
     the data at start-up: `gspo.train.prompts.check_named_columns`)."""
     sig = inspect.signature(fn)
     params = sig.parameters.values()
+    keywords = by_keyword(fn)
     try:
-        bound = (sig.bind_partial(prompts=[], completions=[]) if by_keyword(fn)
-                 else sig.bind_partial([], [])).arguments
+        bound = (sig.bind_partial(prompts=[], completions=[]) if keywords else sig.bind_partial([], [])).arguments
     except TypeError as e:
         names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         return (f"it takes {len(names)} positional argument{'s' * (len(names) != 1)} ({', '.join(names)}), not the "
                 "prompts and the completions" if len(names) < 2 else str(e))
     unfilled = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty and p.name not in bound]
-    return f"its positional-only parameter {unfilled[0]!r} is never given" if unfilled else None
+    if unfilled:
+        return f"its positional-only parameter {unfilled[0]!r} is never given"
+    given = [] if keywords else list(bound)  # by position: the prompts first, then the completions
+    for i, (name, other) in enumerate((("prompts", "completions"), ("completions", "prompts"))):
+        if i < len(given) and given[i] == other:
+            return f"by position its parameter {other!r} would get the {name}"
+    return None
 
 
 def resolve_reward(name: str | Callable, kwargs: dict | None = None) -> Callable:

@@ -226,13 +226,17 @@ def check_named_columns(cfg: Config, rows: list[dict], held: bool = False) -> No
                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in f.kwargs]
         if is_code_tests(fn) and "tests" not in f.kwargs:  # (None: no tests, so no score)
             needed.append("tests")
+        prompt = cfg.data.prompt_column
+        if any(p.name == prompt and p.name not in skip | {"prompts", "completions"} | set(f.kwargs)
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+            needed.insert(0, prompt)  # with a default too: it would be that default on every call
         missing = [n for n in needed if n not in columns]
         if missing:
             n = missing[0]
             at = f"config field 'rewards.functions[{i}].name': '{f.name}' needs the argument {n!r}"
-            if n == cfg.data.prompt_column:  # (validate_rows renamed it "prompt", which is no keyword column)
+            if n == prompt:  # (validate_rows renamed it "prompt", which is no keyword column)
                 raise DataError(f"{at}: {n!r} is the prompt column (data.prompt_column), which reward functions "
-                                "receive as `prompts`: name the argument prompts")
+                                "receive as `prompts`, never under its own name: name the argument prompts")
             why = (f"gspo passes a reward function the prompts, the completions and every dataset column; {n!r} is "
                    "one TRL adds, which gspo does not" if n in TRL_ONLY_ARGUMENTS else
                    f"{rows_source(cfg, held)} has no column {n!r} (its columns: {', '.join(sorted(columns)) or 'none'})")

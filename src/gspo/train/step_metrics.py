@@ -89,8 +89,9 @@ def rollout_metrics(d, rollout: Rollout, rewards, adv_stats: dict) -> dict:
     r = d.all_gather(rewards.rewards.float().cpu())
     valid = r[~torch.isnan(r)]
     lengths = d.all_gather(rollout.model_lengths.float().cpu())  # |y|: the tokens the model wrote, its EOS too
-    # empty: no text left for the rewards, which get it without EOS and special tokens (`decode_completions`):
-    # a completion that was its EOS alone, or only special tokens or whitespace
+    # empty: the model wrote no text, as `decode_completions` reads it for the rewards (no EOS, no special
+    # tokens): its EOS alone, or only special tokens or whitespace. (A continued assistant turn's given
+    # start, which the rewards get before it, is not the model's.)
     empty = d.all_gather(torch.tensor([not c.strip() for c in rollout.completions], dtype=torch.float32))
     truncated = rollout.truncated.float()
     local = dict(rewards.stats)
