@@ -278,6 +278,17 @@ def test_network_is_unreachable(features):
     "import builtins\nbuiltins.exec = lambda *a, **k: None",
     "import builtins\n_c = builtins.compile\nbuiltins.compile = lambda s, n, m, *a, **k: _c('pass', n, m)",
     "import __main__\n__main__._status = lambda e: None",
+    # json's internals, which json.dumps looks up on each call
+    "import json\n_e = json._default_encoder.encode\n"
+    "def _f(o):\n    o['cases'] = ['passed'] * len(o.get('cases', ())) if isinstance(o, dict) else o\n    return _e(o)\n"
+    "json._default_encoder.encode = _f",
+    # containers the harness keeps, found through gc: its statuses (here when it flushes stdout) and the cases
+    "import gc, sys\nclass _Out:\n    def write(self, x): return len(x)\n    def flush(self):\n"
+    "        for o in gc.get_objects():\n            for v in (o.values() if isinstance(o, dict) else [o]):\n"
+    "                if isinstance(v, list) and 'failed' in v: v[:] = ['passed' if x == 'failed' else x for x in v]\n"
+    "sys.stdout = _Out()",
+    "import gc\nfor o in gc.get_objects():\n"
+    "    if isinstance(o, list) and any(isinstance(x, str) and x.startswith('assert') for x in o): o[:] = ['pass'] * len(o)",
 ])
 def test_patching_modules_builtins_or_the_harness_does_not_pass_a_wrong_solution(patch):
     result = run_code_tests(patch + "\ndef add(a, b):\n    return 0\n", ["assert add(1, 2) == 3"], FAST)
@@ -363,3 +374,42 @@ def test_working_folders_of_a_killed_caller_are_removed(monkeypatch):
     finally:
         for d in (left, alive):
             sandbox.shutil.rmtree(d, ignore_errors=True)
+
+
+_INTERCEPT = """
+import os
+def add(a, b): return 0
+st1 = os.fstat(1)
+out = next(f for f in map(int, os.listdir("/proc/self/fd")) if f > 2 and f != 255
+           and (lambda s: (s.st_ino, s.st_dev) == (st1.st_ino, st1.st_dev))(os.fstat(f)))
+r, w = os.pipe()
+os.dup2(w, out); os.close(w)
+if os.fork() == 0:  # reads the harness's own report off the pipe, marks every case passed, writes it on
+    os.close(out)
+    buf = b""
+    while b"\\n" not in buf.lstrip(b"\\n"):
+        c = os.read(r, 65536)
+        if not c: break
+        buf += c
+    marker, mac, payload = buf.strip().split(b" ")
+    fields = payload.split(b"\\t")
+    fields[1:-1] = [b"passed".hex().encode()] * (len(fields) - 2)
+    os.write(1, b"\\n" + marker + b" " + mac + b" " + b"\\t".join(fields) + b"\\n")
+    os._exit(0)
+os.close(r)
+"""
+
+
+def test_a_report_intercepted_and_altered_is_not_believed():
+    """A wrong solution pointed the harness's copy of stdout at a pipe and forked: its child read the
+    report (and its nonce), marked the cases passed and wrote it on; the last report won. Now the
+    report's MAC is keyed by a secret that never leaves the harness."""
+    for _ in range(3):
+        assert run_code_tests(_INTERCEPT, ["assert add(1, 2) == 3"], FAST).score == 0.0
+    key, marker = "k" * 64, "m" * 16
+    payload = b"\t".join(x.encode().hex().encode() for x in ("", "failed", "msg"))
+    good = f"{marker} ".encode() + sandbox._mac(key.encode(), payload) + b" " + payload
+    forged = good.replace(b"failed".hex().encode(), b"passed".hex().encode())
+    assert sandbox._report(b"out\n" + forged + b"\n", marker, key)[0] is None
+    report, rest = sandbox._report(b"out\n" + forged + b"\n" + good + b"\n", marker, key)
+    assert report == {"setup": None, "cases": ["failed"], "msg": "msg"} and rest == b"out\n" + forged

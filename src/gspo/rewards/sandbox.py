@@ -23,6 +23,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import glob
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -251,52 +253,86 @@ if got & NEWPID:
 supervise(bool(C["namespaces"]))
 '''
 
-# The harness runs as the sandboxed program: the code, then each case, then one report line
-# on a saved copy of stdout, prefixed by a nonce the code never sees in its source.
+# The harness runs as the sandboxed program: the code, then each case, then one report line on a
+# saved copy of stdout: a marker, a MAC keyed by a secret the program never sees in its source or
+# output, and the statuses, hex-encoded. A report the program intercepts (say by pointing that fd
+# at a pipe) cannot be altered without the key; and nothing the harness calls once the program
+# has run is a module's or a builtin's name the program could rebind (json is not used then).
 _HARNESS = r'''
-import json, os, sys
+import hashlib, json, os, sys
 def _status(e):
     if isinstance(e, AssertionError): return "failed"
     if isinstance(e, MemoryError): return "memory"
     if isinstance(e, OSError) and e.errno == 27: return "file_size"
     if isinstance(e, SyntaxError): return "syntax_error"
     return "error:" + type(e).__name__
-# everything used after the program starts is bound here, so patching a module, a builtin or
-# this harness (`import __main__`) from the program changes nothing the report depends on
-def _main(write=os.write, getpid=os.getpid, exit=os._exit, dumps=json.dumps, compile=compile, exec=exec,
-          status=_status, enumerate=enumerate):
-    nonce = b""
-    while not nonce.endswith(b"\n"):
+def _main(write=os.write, getpid=os.getpid, exit=os._exit, compile=compile, exec=exec, status=_status,
+          enumerate=enumerate, sha256=hashlib.sha256):
+    secret = b""
+    while not secret.endswith(b"\n"):
         chunk = os.read(0, 64)
         if not chunk: break
-        nonce += chunk
+        secret += chunk
+    marker, key = secret.split()
+    del secret
     fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
     out, pid = os.dup(1), getpid()
     with open("solution.py", encoding="utf-8", errors="replace") as f: src = f.read()
-    with open("tests.json", encoding="utf-8") as f: cases = json.load(f)
+    with open("tests.json", encoding="utf-8") as f: cases = tuple(json.load(f))
     g = {"__name__": "__main__", "__builtins__": __builtins__}
-    rep = {"setup": None, "cases": [], "msg": ""}
+    # what the report says lives in this frame's locals and in tuples of str, never in a mutable
+    # object that the program could find through gc.get_objects() and change
     def run(text, name):
-        st = None
         try: exec(compile(text, name, "exec"), g)
         except BaseException as e:
             if getpid() != pid: exit(1)
             st = status(e)
-            try:
-                if not rep["msg"]: rep["msg"] = (f"{name}: {type(e).__name__}: {e}")[:300]
-            except BaseException: rep["msg"] = name + ": " + st
+            try: msg = (f"{name}: {type(e).__name__}: {e}")[:300]
+            except BaseException: msg = name + ": " + st
+            return st, msg
         if getpid() != pid: exit(0)  # a forked copy of the program must not report
-        return st
-    rep["setup"] = run(src, "solution.py")
-    if rep["setup"] is None:
-        for i, case in enumerate(cases): rep["cases"].append(run(case, f"test_{i}") or "passed")
-    for s in (sys.stdout, sys.stderr):
+        return None, ""
+    setup, msg = run(src, "solution.py")
+    statuses = ()
+    if setup is None:
+        for i, case in enumerate(cases):
+            st, m = run(case, f"test_{i}")
+            statuses += (st or "passed",)
+            msg = msg or m
+    fields = (setup or "", *statuses, msg)
+    payload = "\t".join([str.encode(f, "utf-8", "replace").hex() for f in fields]).encode()
+    mac = sha256(key + sha256(key + payload).digest()).hexdigest().encode()
+    for s in (sys.stdout, sys.stderr):  # (the program's own objects, maybe: after the report is sealed)
         try: s.flush()
         except BaseException: pass
-    write(out, nonce.strip() + b" " + dumps(rep).encode() + b"\n")
+    write(out, b"\n" + marker + b" " + mac + b" " + payload + b"\n")
     exit(0)
 _main()
 '''
+
+
+def _mac(key: bytes, payload: bytes) -> bytes:
+    return hashlib.sha256(key + hashlib.sha256(key + payload).digest()).hexdigest().encode()
+
+
+def _report(stdout: bytes, marker: str, key: str) -> tuple[dict | None, bytes]:
+    """The harness's report (the first line under `marker` whose MAC is valid), and stdout
+    without it. Lines under the marker with a wrong MAC (a program's forgeries) stay in stdout."""
+    tag, at = marker.encode() + b" ", 0
+    while (at := stdout.find(tag, at)) >= 0:
+        line = stdout[at:].split(b"\n", 1)[0]
+        parts = line.split(b" ")
+        if len(parts) == 3 and hmac.compare_digest(parts[1], _mac(key.encode(), parts[2])):
+            try:
+                fields = [bytes.fromhex(f.decode()).decode("utf-8", "replace") for f in parts[2].split(b"\t")]
+            except ValueError:
+                fields = []
+            if len(fields) >= 2:
+                rest = stdout[:at].removesuffix(b"\n") + stdout[at + len(line) + 1:]
+                return {"setup": fields[0] or None, "cases": fields[1:-1], "msg": fields[-1]}, rest
+        at += len(tag)
+    return None, stdout
+
 
 _FEATURES: dict = {}
 _LAST_REASONS: collections.Counter = collections.Counter()
@@ -374,7 +410,7 @@ def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | N
             os.chown(wd, lim.sandbox_uid, lim.sandbox_uid)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": wd, "TMPDIR": wd, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        nonce = secrets.token_hex(16)
+        marker, key = secrets.token_hex(8), secrets.token_hex(32)
         files = [open(os.path.join(outer, n), "w+b") for n in ("stdout", "stderr", "info")]
         try:
             out, err, info = files
@@ -390,7 +426,7 @@ def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | N
             timed_out = False
             try:
                 try:
-                    proc.stdin.write(nonce.encode() + b"\n")
+                    proc.stdin.write(f"{marker} {key}\n".encode())
                     proc.stdin.close()
                 except OSError:
                     pass
@@ -416,19 +452,11 @@ def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | N
         raise SandboxError(f"code sandbox: the bootstrap failed (exit {proc.returncode}):\n{_tail(stderr, 2000)}")
     features = json.loads(status[0])
     _note_features(features)
-    return _classify(proc.returncode, timed_out, stdout, stderr, nonce, len(cases), lim, features)
+    report, stdout = _report(stdout, marker, key)
+    return _classify(proc.returncode, timed_out, stdout, stderr, report, len(cases), lim, features)
 
 
-def _classify(rc, timed_out, stdout, stderr, nonce, n, lim, features) -> CodeResult:
-    report = None
-    at = stdout.rfind(nonce.encode() + b" ")
-    if at >= 0:
-        line = stdout[at:].split(b"\n", 1)[0]
-        try:
-            report = json.loads(line[len(nonce) + 1 :])
-        except ValueError:
-            pass
-        stdout = stdout[:at] + stdout[at + len(line) + 1 :]
+def _classify(rc, timed_out, stdout, stderr, report, n, lim, features) -> CodeResult:
     m = lim.max_output_chars
     output = f"\n--- stdout ---\n{_tail(stdout, m)}" if stdout.strip() else ""
     output += f"\n--- stderr ---\n{_tail(stderr, m)}" if stderr.strip() else ""
