@@ -10,6 +10,7 @@ import pytest
 from gspo.models.tiny import build_char_tokenizer
 from gspo.rollout.episodes import run_episodes
 from gspo.rollout.tool_calls import parse_hermes
+from gspo.rollout.tool_calls import ToolCall
 from gspo.rollout.tools import ToolRunner
 from test_tools import CHARS, Scripted, call
 
@@ -150,3 +151,29 @@ def test_lone_surrogates_and_unreadable_exceptions_from_user_code_are_replies_no
     tool = [m["content"] for m in ro.turns[0] if m["role"] == "tool"]
     assert tool[0] == "got 1 ?" and "Unreadable" in tool[1] and tool[1].startswith("error: ")
     assert "again ?" in texts and ro.finish_reason == ["done"]
+
+
+class Flood:
+    """Replies of 4 MB, from a tool method, the first observation and a step."""
+
+    def reset(self, **row) -> str:
+        return "o" * (4 << 20)
+
+    def big(self) -> str:
+        """Reply with a flood."""
+        return "t" * (4 << 20)
+
+    def step(self, messages):
+        return [{"role": "user", "content": "s" * (4 << 20)}], True
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_flood_of_a_reply_is_cut_to_tool_reply_max_chars(workers):
+    """A tool that returned 64 MB stalled a one-rollout run past 4 minutes (in the tokenizer)."""
+    with ToolRunner([], num_workers=workers, env_class=Flood, max_reply_chars=100) as runner:
+        (outcome, obs), = runner.reset([{}])
+        reply = runner.run([ToolCall("big")], episode=0)[0]
+        (_, (messages, done)), = runner.step([0], [[{"role": "assistant", "content": "x"}]])
+    cut = f"\n[... {(4 << 20) - 100} characters cut]"
+    assert obs == "o" * 100 + cut and reply.content == "t" * 100 + cut and reply.outcome == "ok"
+    assert messages[0]["content"] == "s" * 100 + cut and done

@@ -156,6 +156,7 @@ def test_help_lists_every_field(capsys):
     ("tiny.num_layers=0", "tiny.num_layers"),
     ("rollout.temperature=inf", "rollout.temperature"),
     ("eval.num_prompts=-1", "eval.num_prompts"),
+    ("rollout.tool_reply_max_chars=0", "rollout.tool_reply_max_chars"),
     # shapes (a traceback, or OmegaConf's own words, before): a section given a value, a field of a
     # list's item misspelt, a field misplaced in another section
     ("rollout=5", "config field 'rollout' is a section"),

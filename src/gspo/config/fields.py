@@ -154,6 +154,8 @@ class RolloutConfig:
     tool_timeout_s: float = doc(10.0, "rollout.tools: deadline of one tool call (its worker is then killed and the "
                                 "model reads a timeout error)")
     tool_workers: int = doc(1, "rollout.tools: worker processes that run tool calls (0 = in-process, no deadline)")
+    tool_reply_max_chars: int = doc(16384, "rollout.tools: a tool's reply, an environment's observation or step "
+                                    "message longer than this is cut to its start, with a note of how much was cut")
     dynamic_sampling: bool = doc(False, "DAPO's dynamic sampling: draw rounds of prompts_per_step prompts and keep the "
                                  "groups with signal (rewards not all equal) until prompts_per_step are kept; the batch "
                                  "is topped up with groups without signal when the rounds run out (docs/data_controls.md)")

@@ -333,6 +333,7 @@ def _validate_tools(cfg) -> None:
     _check(r.max_episode_tokens >= 0, "rollout.max_episode_tokens", "must be >= 0 (0 = max_turns x max_new_tokens)")
     _check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "must be > 0")
     _check(r.tool_workers >= 0, "rollout.tool_workers", "must be >= 0 (0 = in-process)")
+    _check(r.tool_reply_max_chars >= 1, "rollout.tool_reply_max_chars", "must be >= 1")
     if not r.tools and not r.environment:
         return
     _check(all(isinstance(t, str) and t for t in r.tools), "rollout.tools", "must be a list of import paths "

@@ -36,6 +36,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from gspo.config import RolloutConfig
 from gspo.rewards import RewardConfigError, _import_attr
 from gspo.rewards.workers import (close_at_exit, closed, default_start_method, detach_from_stop_signals,
                                   kill_worker, watch_parent)
@@ -151,8 +152,14 @@ class _Host:
     """What a worker (or, with no workers, the runner itself) holds: the plain tools and the
     environments of the episodes it serves. Every request returns a picklable reply."""
 
-    def __init__(self, tools: dict, env_class):
-        self.tools, self.env_class, self.envs = tools, env_class, {}
+    def __init__(self, tools: dict, env_class, max_reply_chars: int):
+        self.tools, self.env_class, self.envs, self.max_chars = tools, env_class, {}, max_reply_chars
+
+    def _cut(self, text: str | None) -> str | None:
+        """`text` at most `max_chars` long (a 64 MB reply stalled the run in the tokenizer)."""
+        if text is None or len(text) <= self.max_chars:
+            return text
+        return f"{text[:self.max_chars]}\n[... {len(text) - self.max_chars} characters cut]"
 
     def handle(self, op: str, *args):
         """One request's reply; whatever user code raises on the way (a `bool()` or `repr()` of
@@ -167,7 +174,8 @@ class _Host:
     def _handle(self, op: str, *args):
         if op == "call":
             name, arguments = args
-            return _call_tool(self.tools[name], arguments)
+            outcome, text = _call_tool(self.tools[name], arguments)
+            return outcome, self._cut(text)
         if op == "reset":  # a new episode's environment: its first observation
             ep, row = args
             try:
@@ -176,10 +184,11 @@ class _Host:
             except Exception as e:
                 return "error", describe(e)
             self.envs[ep] = env
-            return "ok", None if obs is None else reply_text(obs)
+            return "ok", None if obs is None else self._cut(reply_text(obs))
         if op == "env_call":
             ep, name, arguments = args
-            return _call_tool(getattr(self.envs[ep], name), arguments)
+            outcome, text = _call_tool(getattr(self.envs[ep], name), arguments)
+            return outcome, self._cut(text)
         if op == "step":
             ep, messages = args
             try:
@@ -191,7 +200,7 @@ class _Host:
             if not (isinstance(new, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                   for m in new)):
                 return "error", f"step returned {type(new).__name__}, not a list of messages"
-            new = [{**m, "content": clean_text(m["content"])} for m in new]
+            new = [{**m, "content": clean_text(self._cut(m["content"]))} for m in new]
             return "ok", (new, bool(done))
         if op == "finish":  # the environment's reward (None: it reports none), then it is dropped
             ep = args[0]
@@ -206,10 +215,10 @@ class _Host:
             return ("ok", None if value is None else float(value)) if ok else ("error", f"reward {value!r}")
 
 
-def _worker_main(conn, tools: dict, env_class, parent_pid: int) -> None:
+def _worker_main(conn, tools: dict, env_class, parent_pid: int, max_reply_chars: int) -> None:
     detach_from_stop_signals()  # the trainer decides what happens on Ctrl-C or a SIGTERM to the job
     watch_parent(parent_pid)
-    host = _Host(tools, env_class)
+    host = _Host(tools, env_class, max_reply_chars)
     conn.send("ready")
     while True:  # (an orphaned worker, its parent SIGKILLed, is ended by `watch_parent`)
         try:
@@ -265,14 +274,14 @@ class ToolRunner:
     ``num_workers=0`` runs everything in-process, without deadlines (for debugging)."""
 
     def __init__(self, tools: Sequence[Callable], *, timeout_s: float = 10.0, num_workers: int = 1,
-                 env_class=None):
+                 env_class=None, max_reply_chars: int = RolloutConfig.tool_reply_max_chars):
         self.tools = {fn.__name__: fn for fn in tools}
         self.env_class = env_class
         self.env_methods = {fn.__name__ for fn in env_tools(env_class)}
-        self.timeout_s, self.num_workers = float(timeout_s), int(num_workers)
+        self.timeout_s, self.num_workers, self.max_reply_chars = float(timeout_s), int(num_workers), max_reply_chars
         self._ctx = mp.get_context(default_start_method())
         self._workers: list = [None] * self.num_workers
-        self._local = _Host(self.tools, env_class) if self.num_workers == 0 else None
+        self._local = _Host(self.tools, env_class, max_reply_chars) if self.num_workers == 0 else None
         self._next_id = 0
         self._homes: dict[int, set] = {w: set() for w in range(self.num_workers)}  # episodes per worker
         self.lost: set[int] = set()
@@ -286,7 +295,7 @@ class ToolRunner:
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.tools, self.env_class, os.getpid()),
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.tools, self.env_class, os.getpid(), self.max_reply_chars),
                                  name=f"gspo-tool-{w}", daemon=False)  # a tool may start a Pool; close() stops it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)

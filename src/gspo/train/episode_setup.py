@@ -48,7 +48,7 @@ def episode_tools(cfg: Config, loaded=None) -> Tools | None:
         return None
     r = cfg.rollout
     return Tools(loaded[0], loaded[1], ToolRunner(loaded[0], timeout_s=r.tool_timeout_s, num_workers=r.tool_workers,
-                                                  env_class=loaded[2]))
+                                                  env_class=loaded[2], max_reply_chars=r.tool_reply_max_chars))
 
 
 def play_episodes(cfg: Config, generator, tokenizer, tools: Tools, rows: list[dict], *, seed: int, offset: int,
