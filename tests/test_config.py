@@ -150,3 +150,16 @@ def test_a_stop_every_process_decided_is_said_by_rank_0_alone(monkeypatch, capsy
         monkeypatch.setenv("RANK", rank)
         assert main(["report", "x"]) == 1
         assert ("stopped: optimizer step 1" in capsys.readouterr().err) == said
+
+
+@pytest.mark.parametrize("value", ["1", "2", "'True'", "'on'", "null"])
+@pytest.mark.parametrize("field", ["rewards.allow_code_execution", "model.trust_remote_code"])
+def test_an_opt_in_to_running_code_takes_only_the_yaml_booleans(field, value, tmp_path):
+    """`rewards.allow_code_execution=2` (or "1", "True", "on") was read as true: model-written code ran."""
+    with pytest.raises(ConfigError, match=rf"config field '{field}': must be true or false \(the YAML boolean\)"):
+        load_config(None, [f"{field}={value}"])
+    section, key = field.split(".")
+    (tmp_path / "c.yaml").write_text(f"{section}:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"config field '{field}'"):
+        load_config(tmp_path / "c.yaml")
+    assert getattr(getattr(load_config(None, [f"{field}=true"]), section), key) is True

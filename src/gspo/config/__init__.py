@@ -149,6 +149,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         if overrides:
             layers.append(OmegaConf.from_dotlist(list(overrides)))
         layers = [OmegaConf.create(_shape(OmegaConf.to_container(x), type(base or Config()))) for x in layers]
+        _strict_opt_ins(layers)
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
@@ -157,6 +158,24 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     fill_clip(cfg)
     validate(cfg)
     return cfg
+
+
+# Opt-ins to running code that gspo does not control: only the YAML booleans turn them on or off
+# (OmegaConf would read 1, 2, "on" or "True" as true).
+STRICT_OPT_INS = ("rewards.allow_code_execution", "model.trust_remote_code")
+
+
+def _strict_opt_ins(layers: list) -> None:
+    for layer in layers:
+        for name in STRICT_OPT_INS:
+            section, key = name.split(".")
+            part = layer.get(section) if isinstance(layer, DictConfig) else None
+            if isinstance(part, DictConfig) and key in part:
+                value = part._get_node(key)._value()
+                if not isinstance(value, bool):
+                    raise ConfigError(f"config field '{name}': must be true or false (the YAML boolean), got "
+                                      f"{value!r}; it lets code run that gspo does not control, so nothing else "
+                                      f"turns it on")
 
 
 def anchor_paths(cfg: Config, config_dir: Path | None) -> None:
