@@ -141,3 +141,13 @@ def test_points_share_the_base(scaling: ModuleType) -> None:
     assert len(configs) == 10  # 3 axes x 4 points, the base shape shared by all three
     base = configs.index(scaling.BASE)
     assert all(base in [i for _, i in pts] for pts in where.values())
+
+
+def test_update_profile_splits_a_micro_batch_and_bounds_it_by_its_matrix_products():
+    prof = _load("update_profile")
+    out = prof.main(["--model", "tiny-dense", "--rows", "2", "--length", "24", "--completion", "8", "--threads", "1"])
+    assert 0 < out["mm_share"] <= 1 and out["peak_gflops"] > 0
+    assert out["bound_pct_of_peak"] >= out["pct_of_peak"] > 0  # the products alone: never slower than the whole
+    assert out["gflops"] == pytest.approx(out["gflop"] / out["s_per_micro_batch"])
+    shares = [s for _, s in out["ops"]]
+    assert shares == sorted(shares, reverse=True) and "aten::mm" in dict(out["ops"])
