@@ -289,9 +289,23 @@ def test_network_is_unreachable(features):
     "sys.stdout = _Out()",
     "import gc\nfor o in gc.get_objects():\n"
     "    if isinstance(o, list) and any(isinstance(x, str) and x.startswith('assert') for x in o): o[:] = ['pass'] * len(o)",
+    # an exception whose class name is a str subclass (or a metaclass property) that makes "error:" + name "passed"
+    "class S(str):\n    def __radd__(self, other): return 'passed'\nclass E(Exception): pass\nE.__name__ = S('E')\n"
+    "def add(a, b): raise E",
+    "class N:\n    def __radd__(self, other): return ''\nclass M(type):\n    @property\n    def __name__(cls): return N()\n"
+    "class E(Exception, metaclass=M): pass\ndef add(a, b): raise E",
+    # the names the harness used to look up after the program ran: str, type, AssertionError
+    "_S = str\nclass F:\n    @staticmethod\n    def encode(f, *a): return _S.encode('passed' if f == 'failed' else f, *a)\n"
+    "import builtins\nbuiltins.str = F",
+    "import builtins\nclass S(str):\n    def __radd__(self, other): return 'passed'\nclass T: pass\nt = T()\nt.__name__ = S('x')\n"
+    "_type = type\nbuiltins.type = lambda *a: t if len(a) == 1 and isinstance(a[0], BaseException) else _type(*a)\n"
+    "builtins.AssertionError = KeyError",
+    # a Python function the harness calls after the program ran, rewritten through its __code__
+    "import gc, types\nfor o in gc.get_objects():\n    if isinstance(o, types.FunctionType) and o.__name__ in ('run', '_run', '_status'):\n"
+    "        o.__code__ = (lambda *a, **k: None).__code__",
 ])
 def test_patching_modules_builtins_or_the_harness_does_not_pass_a_wrong_solution(patch):
-    result = run_code_tests(patch + "\ndef add(a, b):\n    return 0\n", ["assert add(1, 2) == 3"], FAST)
+    result = run_code_tests("def add(a, b):\n    return 0\n" + patch, ["assert add(1, 2) == 3"], FAST)
     assert result.score == 0.0, result
 
 
@@ -413,3 +427,12 @@ def test_a_report_intercepted_and_altered_is_not_believed():
     assert sandbox._report(b"out\n" + forged + b"\n", marker, key)[0] is None
     report, rest = sandbox._report(b"out\n" + forged + b"\n" + good + b"\n", marker, key)
     assert report == {"setup": None, "cases": ["failed"], "msg": "msg"} and rest == b"out\n" + forged
+
+
+def test_a_program_using_a_multiprocessing_pool_scores_as_its_answer_deserves():
+    """Pool's semaphores need a writable /dev/shm (read-only before: OSError, scored 0), and its
+    workers find the program's functions as __main__.<name> (the harness's module before)."""
+    code = ("import multiprocessing as mp\ndef sq(x): return x * x\n"
+            "with mp.get_context('fork').Pool(2) as p: squares = p.map(sq, range(5))\ndef add(a, b): return a + b\n")
+    result = run_code_tests(code, ["assert squares == [0, 1, 4, 9, 16]", "assert add(1, 2) == 3"], CodeLimits(timeout_s=10))
+    assert result.score == 1.0, result

@@ -167,6 +167,10 @@ if got & NEWNS:
             N["tmpfs"] = True
         except OSError as e:
             N["errors"].append(f"tmpfs workdir: {e}"); mount(WD, WD, None, BIND)  # a mount of its own stays writable
+        SHM = None  # POSIX shared memory and semaphores (multiprocessing's locks): a private tmpfs, as small
+        if os.path.isdir("/dev/shm"):
+            try: mount("gspo", "/dev/shm", "tmpfs", NOSUID | NODEV | NOEXEC, f"size={C['tmpfs_mb']}m,nr_inodes=1024,mode=1777"); SHM = "/dev/shm"
+            except OSError as e: N["errors"].append(f"/dev/shm: {e}")
         try:  # let UID reach the interpreter: cover a dir it cannot enter (e.g. /root) with a tmpfs holding only it
             need = [(os.path.realpath(p), blocked(p)) for p in C["need"]] if ROOT else []
             need = [(p, a) for p, a in need if a and a != p and not WD.startswith(a + "/")]
@@ -181,7 +185,7 @@ if got & NEWNS:
         bad = []
         for line in open("/proc/self/mountinfo").read().splitlines():
             f = line.split(); mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4])
-            if mp == WD or mp == "/proc" or mp.startswith("/proc/"): continue
+            if mp in (WD, SHM) or mp == "/proc" or mp.startswith("/proc/"): continue
             try: mount(None, mp, None, REMOUNT | BIND | RDONLY | sum(v for k, v in KEEP.items() if k in f[5].split(",")))
             except OSError: bad.append(mp)
         N["readonly"] = not bad
@@ -256,55 +260,65 @@ supervise(bool(C["namespaces"]))
 # The harness runs as the sandboxed program: the code, then each case, then one report line on a
 # saved copy of stdout: a marker, a MAC keyed by a secret the program never sees in its source or
 # output, and the statuses, hex-encoded. A report the program intercepts (say by pointing that fd
-# at a pipe) cannot be altered without the key; and nothing the harness calls once the program
-# has run is a module's or a builtin's name the program could rebind (json is not used then).
+# at a pipe) cannot be altered without the key. Once the program has started, the harness calls
+# no Python function and looks up no global or builtin name: everything it uses is a local bound
+# before (C functions and builtin types, whose behaviour the program cannot change; a Python
+# function's __code__ or __defaults__ it could), and what the report says lives in locals and
+# tuples of exact str, nothing gc.get_objects() would hand the program to change. The program
+# runs as a module of its own, sys.modules["__main__"] (so pickling its functions by reference,
+# as multiprocessing does, finds them), not in the harness's module.
 _HARNESS = r'''
-import hashlib, json, os, sys
-def _status(e):
-    if isinstance(e, AssertionError): return "failed"
-    if isinstance(e, MemoryError): return "memory"
-    if isinstance(e, OSError) and e.errno == 27: return "file_size"
-    if isinstance(e, SyntaxError): return "syntax_error"
-    return "error:" + type(e).__name__
-def _main(write=os.write, getpid=os.getpid, exit=os._exit, compile=compile, exec=exec, status=_status,
-          enumerate=enumerate, sha256=hashlib.sha256):
+import hashlib, json, os, sys, types
+def _main(write=os.write, getpid=os.getpid, exit=os._exit, compile=compile, exec=exec, isinstance=isinstance,
+          type_=type, name_of=type.__dict__["__name__"].__get__, str_=str, BaseExc=BaseException,
+          AssertionError_=AssertionError, MemoryError_=MemoryError, OSError_=OSError, SyntaxError_=SyntaxError,
+          sha256=hashlib.sha256):
     secret = b""
     while not secret.endswith(b"\n"):
         chunk = os.read(0, 64)
         if not chunk: break
         secret += chunk
     marker, key = secret.split()
-    del secret
+    del secret, chunk
     fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
     out, pid = os.dup(1), getpid()
     with open("solution.py", encoding="utf-8", errors="replace") as f: src = f.read()
-    with open("tests.json", encoding="utf-8") as f: cases = tuple(json.load(f))
-    g = {"__name__": "__main__", "__builtins__": __builtins__}
-    # what the report says lives in this frame's locals and in tuples of str, never in a mutable
-    # object that the program could find through gc.get_objects() and change
-    def run(text, name):
-        try: exec(compile(text, name, "exec"), g)
-        except BaseException as e:
+    with open("tests.json", encoding="utf-8") as f: cases = json.load(f)
+    jobs = (("solution.py", src),) + tuple([(f"test_{i}", c) for i, c in enumerate(cases)])
+    del cases
+    program = types.ModuleType("__main__")
+    program.__dict__.update(__builtins__=__builtins__, __file__=os.path.abspath("solution.py"))
+    sys.modules["__main__"] = program
+    g = program.__dict__
+    setup, statuses, msg = None, (), ""
+    for name, text in jobs:  # (from here on: locals only)
+        st, m = None, ""
+        try:
+            exec(compile(text, name, "exec"), g)
+        except BaseExc as e:
             if getpid() != pid: exit(1)
-            st = status(e)
-            try: msg = (f"{name}: {type(e).__name__}: {e}")[:300]
-            except BaseException: msg = name + ": " + st
-            return st, msg
+            t = type_(e)
+            if isinstance(e, AssertionError_): st = "failed"
+            elif isinstance(e, MemoryError_): st = "memory"
+            elif isinstance(e, OSError_) and e.errno == 27: st = "file_size"
+            elif isinstance(e, SyntaxError_): st = "syntax_error"
+            else: st = "error:" + str_.__str__(name_of(t))
+            try: m = (f"{name}: {str_.__str__(name_of(t))}: {e}")[:300]
+            except BaseExc: m = name + ": " + st
+            m = str_.__str__(m)
         if getpid() != pid: exit(0)  # a forked copy of the program must not report
-        return None, ""
-    setup, msg = run(src, "solution.py")
-    statuses = ()
-    if setup is None:
-        for i, case in enumerate(cases):
-            st, m = run(case, f"test_{i}")
-            statuses += (st or "passed",)
+        if name == "solution.py":
+            setup, msg = st, m
+            if st is not None: break
+        else:
+            statuses += ("passed" if st is None else st,)
             msg = msg or m
-    fields = (setup or "", *statuses, msg)
-    payload = "\t".join([str.encode(f, "utf-8", "replace").hex() for f in fields]).encode()
+    fields = ("" if setup is None else setup, *statuses, msg)
+    payload = "\t".join([f.encode("utf-8", "replace").hex() for f in fields]).encode()
     mac = sha256(key + sha256(key + payload).digest()).hexdigest().encode()
     for s in (sys.stdout, sys.stderr):  # (the program's own objects, maybe: after the report is sealed)
         try: s.flush()
-        except BaseException: pass
+        except BaseExc: pass
     write(out, b"\n" + marker + b" " + mac + b" " + payload + b"\n")
     exit(0)
 _main()
