@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gspo.rewards import sandbox
+from gspo.rewards import sandbox, sandbox_programs
 from gspo.rewards.sandbox import (CodeExecutionDisabled, CodeLimits, CodeResult, SandboxError, code_tests_reward,
                           extract_code, last_reasons, run_code_tests)
 
@@ -422,10 +422,10 @@ def test_a_report_intercepted_and_altered_is_not_believed():
         assert run_code_tests(_INTERCEPT, ["assert add(1, 2) == 3"], FAST).score == 0.0
     key, marker = "k" * 64, "m" * 16
     payload = b"\t".join(x.encode().hex().encode() for x in ("", "failed", "msg"))
-    good = f"{marker} ".encode() + sandbox._mac(key.encode(), payload) + b" " + payload
+    good = f"{marker} ".encode() + sandbox_programs.mac(key.encode(), payload) + b" " + payload
     forged = good.replace(b"failed".hex().encode(), b"passed".hex().encode())
-    assert sandbox._report(b"out\n" + forged + b"\n", marker, key)[0] is None
-    report, rest = sandbox._report(b"out\n" + forged + b"\n" + good + b"\n", marker, key)
+    assert sandbox_programs.read_report(b"out\n" + forged + b"\n", marker, key)[0] is None
+    report, rest = sandbox_programs.read_report(b"out\n" + forged + b"\n" + good + b"\n", marker, key)
     assert report == {"setup": None, "cases": ["failed"], "msg": "msg"} and rest == b"out\n" + forged
 
 
