@@ -300,6 +300,12 @@ def test_network_is_unreachable(features):
     "import builtins\nclass S(str):\n    def __radd__(self, other): return 'passed'\nclass T: pass\nt = T()\nt.__name__ = S('x')\n"
     "_type = type\nbuiltins.type = lambda *a: t if len(a) == 1 and isinstance(a[0], BaseException) else _type(*a)\n"
     "builtins.AssertionError = KeyError",
+    # asserts compiled away: the interpreter's optimisation level raised at run time
+    "import _testinternalcapi as t\nc = t.get_config()\nc['optimization_level'] = 2\nt.set_config(c)",
+    # the answers read off the tests' file in the working directory
+    "import json, re\nans = {}\nfor t in json.load(open('tests.json')):\n"
+    "    m = re.fullmatch(r'assert add\\((.*)\\) == (.*)', t)\n    ans[m.group(1).replace(' ', '')] = int(m.group(2))\n"
+    "def add(a, b): return ans.get(f'{a},{b}', 0)",
     # a Python function the harness calls after the program ran, rewritten through its __code__
     "import gc, types\nfor o in gc.get_objects():\n    if isinstance(o, types.FunctionType) and o.__name__ in ('run', '_run', '_status'):\n"
     "        o.__code__ = (lambda *a, **k: None).__code__",
@@ -436,3 +442,17 @@ def test_a_program_using_a_multiprocessing_pool_scores_as_its_answer_deserves():
             "with mp.get_context('fork').Pool(2) as p: squares = p.map(sq, range(5))\ndef add(a, b): return a + b\n")
     result = run_code_tests(code, ["assert squares == [0, 1, 4, 9, 16]", "assert add(1, 2) == 3"], CodeLimits(timeout_s=10))
     assert result.score == 1.0, result
+
+
+def test_a_program_that_reruns_a_passing_case_gets_no_credit_for_it():
+    """It rewound the harness's loop (a tuple iterator found through gc) so that a passing case ran
+    50 more times: 25.5 for a solution that passes one case of two. The loop has no iterator now,
+    and a report with more (or fewer) results than cases is no report."""
+    code = ("import gc\nits = [o for o in gc.get_objects() if type(o).__name__ == 'tuple_iterator']\nruns = [0]\n"
+            "def add(a, b):\n    if runs[0] < 50 and (a, b) == (2, 2):\n        runs[0] += 1\n"
+            "        for it in its:\n            try: it.__setstate__(len(it.__reduce__()[1][0]) - 1)\n"
+            "            except Exception: pass\n    return a * b\n")
+    result = run_code_tests(code, ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], FAST)
+    assert result.score <= 0.5, result
+    forged = sandbox._classify(0, False, b"", b"", {"setup": None, "cases": ["passed"] * 3, "msg": ""}, 2, FAST, {})
+    assert forged.score == 0.0 and forged.reason == "error"

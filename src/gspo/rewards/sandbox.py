@@ -250,6 +250,8 @@ def _classify(rc, timed_out, stdout, stderr, report, n, lim, features) -> CodeRe
             reason = report["setup"] if report["setup"] in REASONS else "error"
             return result(0.0, reason, f"code did not run: {report['msg']}")
         cases = report["cases"]
+        if len(cases) != n:  # (the harness reports each case once: anything else is not its report)
+            return result(0.0, "error", f"the report holds {len(cases)} results for {n} cases")
         passed = sum(c == "passed" for c in cases)
         bad = {c for c in cases if c != "passed"}
         reason = ("passed" if not bad else "memory" if "memory" in bad else "file_size" if "file_size" in bad

@@ -177,17 +177,22 @@ def _main(write=os.write, getpid=os.getpid, exit=os._exit, compile=compile, exec
     out, pid = os.dup(1), getpid()
     with open("solution.py", encoding="utf-8", errors="replace") as f: src = f.read()
     with open("tests.json", encoding="utf-8") as f: cases = json.load(f)
+    os.remove("tests.json")  # (the program can still learn its tests: docs/code_execution.md)
     jobs = (("solution.py", src),) + tuple([(f"test_{i}", c) for i, c in enumerate(cases)])
+    n = len(jobs)
     del cases
     program = types.ModuleType("__main__")
     program.__dict__.update(__builtins__=__builtins__, __file__=os.path.abspath("solution.py"))
     sys.modules["__main__"] = program
     g = program.__dict__
     setup, statuses, msg = None, (), ""
-    for name, text in jobs:  # (from here on: locals only)
+    i = 0
+    while i < n:  # (from here on: locals only, and no iterator object that gc could hand the program)
+        name, text = jobs[i]
+        i += 1
         st, m = None, ""
-        try:
-            exec(compile(text, name, "exec"), g)
+        try:  # compiled at optimize=0 whatever the interpreter's level, so asserts always run
+            exec(compile(text, name, "exec", 0, True, 0), g)
         except BaseExc as e:
             if getpid() != pid: exit(1)
             t = type_(e)
