@@ -36,6 +36,8 @@ def features():
     for key, flag in (("netns", NEWNET), ("mountns", NEWNS), ("pidns", NEWPID), ("ipcns", NEWIPC), ("readonly", NEWNS)):
         if _can_unshare(flag):
             assert found[key], (key, found)
+    if found["userns"]:  # its user namespace allows no nested one (whose capabilities would reopen the rest)
+        assert found.get("sealed"), found
     return found
 
 
@@ -456,3 +458,33 @@ def test_a_program_that_reruns_a_passing_case_gets_no_credit_for_it():
     assert result.score <= 0.5, result
     forged = sandbox._classify(0, False, b"", b"", {"setup": None, "cases": ["passed"] * 3, "msg": ""}, 2, FAST, {})
     assert forged.score == 0.0 and forged.reason == "error"
+
+
+def test_a_program_can_make_no_namespace_of_its_own(features):
+    """With a nested user namespace a program became pid 2 of a PID namespace of its own, as the
+    harness is, so that a forked copy reported (brute-forcing the answers: 1.0); and mounted a
+    tmpfs of half the RAM past memory_mb."""
+    if not features["userns"]:
+        pytest.skip("no user namespace here")
+    code = "import ctypes\nlibc = ctypes.CDLL(None)\nassert libc.unshare(0x10000000) != 0\nassert libc.unshare(0x20000) != 0\n"
+    assert run_code_tests(code, "pass", FAST).score == 1.0
+
+
+def test_a_program_cannot_read_another_runs_files():
+    """The host copies of solution.py and tests.json stayed in /tmp/gspo-code-*/work, readable by
+    every run's program (all uid 65534): one completion copied a sibling's code and tests."""
+    import tempfile
+    import threading
+
+    pattern = os.path.join(tempfile.gettempdir(), "gspo-code-*", "work", "*")
+    thief = (f"import glob, os\nfound = []\nfor p in glob.glob({pattern!r}):\n    if p.startswith(os.getcwd()):\n"
+             "        continue  # (its own)\n    try:\n        open(p).read()\n"
+             "        found.append(p)\n    except OSError:\n        pass\nassert not found, found\n")
+    victim = threading.Thread(target=run_code_tests, args=("import time\ntime.sleep(3)", "pass", CodeLimits(timeout_s=6)))
+    victim.start()
+    time.sleep(1.0)
+    try:
+        result = run_code_tests(thief, "pass", FAST)
+    finally:
+        victim.join()
+    assert result.score == 1.0, result

@@ -136,7 +136,8 @@ def _note_features(features: dict) -> None:
         if features == _FEATURES:
             return
         _FEATURES = dict(features)
-    missing = [k for k in ("netns", "mountns", "pidns", "ipcns", "tmpfs", "readonly", "nproc") if not features.get(k)]
+    missing = [k for k in ("netns", "mountns", "pidns", "ipcns", "tmpfs", "readonly", "nproc", "sealed")
+               if not features.get(k)]
     shown = {k: v for k, v in features.items() if k != "errors"}
     if missing:
         log.warning("code sandbox: %s; NOT in force here: %s. %s", shown, ", ".join(missing), "; ".join(features["errors"]))
@@ -184,15 +185,17 @@ def run_code_tests(code: str, tests: str | Sequence[str], limits: CodeLimits | N
         os.chmod(outer, 0o711)
         wd = os.path.join(outer, "work")
         os.mkdir(wd, 0o700)
+        # root's and private (other runs' programs are uid 65534 too): the bootstrap copies them into the program's
+        # own tmpfs and removes them here, or hands them to its uid where it has no tmpfs
         for name, text in (("solution.py", code), ("tests.json", json.dumps(cases)), ("_harness.py", HARNESS)):
-            with open(os.path.join(wd, name), "w", encoding="utf-8", errors="replace") as f:
+            with open(os.open(os.path.join(wd, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w",
+                      encoding="utf-8", errors="replace") as f:
                 f.write(text)
-        if os.geteuid() == 0:
-            os.chown(wd, lim.sandbox_uid, lim.sandbox_uid)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": wd, "TMPDIR": wd, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         marker, key = secrets.token_hex(8), secrets.token_hex(32)
-        files = [open(os.path.join(outer, n), "w+b") for n in ("stdout", "stderr", "info")]
+        files = [open(os.open(os.path.join(outer, n), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "w+b")
+                 for n in ("stdout", "stderr", "info")]
         try:
             out, err, info = files
             cfg = {"wd": wd, "outer": outer, "uid": lim.sandbox_uid, "python": python, "env": env,

@@ -44,8 +44,16 @@ if not got and ROOT and want:
     for f in (NEWNS, NEWNET, NEWPID, NEWIPC): got |= f if unshare(f) else 0
 N.update(netns=bool(got & NEWNET), mountns=bool(got & NEWNS), pidns=bool(got & NEWPID), ipcns=bool(got & NEWIPC),
          userns=bool(got & NEWUSER), tmpfs=False, readonly=False, uid=None, nproc=False)
+def seal_userns():  # in a user namespace of the sandbox's own: no nested one (whose capabilities would let the
+    # program make PID and mount namespaces: a forked copy passing for the harness, a tmpfs of half the RAM), and
+    # inotify counts of its own size (they are charged to the namespace's creator: root's, as the trainer's)
+    for k, v in (("max_user_namespaces", 0), ("max_inotify_instances", 16), ("max_inotify_watches", 1024)):
+        try: put(f"/proc/sys/user/{k}", str(v))
+        except OSError as e: N["errors"].append(f"user.{k}: {e}")
+    N["sealed"] = not [e for e in N["errors"] if e.startswith("user.max_user_namespaces")]
 if got & NEWUSER:
     put("/proc/self/setgroups", "deny"); put("/proc/self/uid_map", f"{UID} {UID} 1"); put("/proc/self/gid_map", f"{GID} {GID} 1")
+    seal_userns()
 if got & NEWIPC:  # System V shared memory of its own, gone with the program, and no more of it than memory_mb
     try: put("/proc/sys/kernel/shmmax", str(L["as"])); put("/proc/sys/kernel/shmall", str(L["as"] // os.sysconf("SC_PAGE_SIZE")))
     except OSError as e: N["errors"].append(f"shared memory limit: {e}")
@@ -53,10 +61,12 @@ if got & NEWNS:
     try:
         mount(None, "/", None, REC | PRIVATE)
         files = {n: open(os.path.join(WD, n), "rb").read() for n in os.listdir(WD)}
+        host = os.open(WD, os.O_RDONLY | os.O_DIRECTORY)
         try:
             mount("gspo", WD, "tmpfs", NOSUID | NODEV, f"size={C['tmpfs_mb']}m,nr_inodes=4096,mode=700,uid={UID},gid={GID}")
             for n, b in files.items():
                 with open(os.path.join(WD, n), "wb") as f: f.write(b)
+                os.unlink(n, dir_fd=host)  # the host's copy, under the tmpfs: gone, for other runs as for this one
             N["tmpfs"] = True
         except OSError as e:
             N["errors"].append(f"tmpfs workdir: {e}"); mount(WD, WD, None, BIND)  # a mount of its own stays writable
@@ -85,6 +95,8 @@ if got & NEWNS:
         if bad: N["errors"].append("could not make read-only: " + " ".join(bad[:5]))
     except OSError as e:
         N["errors"].append(f"mount setup: {e}")
+if ROOT and not N["tmpfs"]:  # the program works in the host's folder (root's, 0700, its files 0600): make it its own
+    for p in [WD] + [os.path.join(WD, n) for n in os.listdir(WD)]: os.chown(p, UID, GID)
 DROP = ROOT and not [p for p in C["need"] if blocked(p)]
 def fail(msg): os.write(C["info_fd"], ("FAIL " + msg + "\n").encode()); os._exit(71)
 def status(st):
@@ -116,6 +128,7 @@ def child(w, r):
         os.write(w, b"u")
         if os.read(r, 1) != b"k": fail("could not write the uid map of the sandbox user namespace")
         N["userns"] = True
+        seal_userns()
     else:
         os.write(w, b"-")
     if DROP:
