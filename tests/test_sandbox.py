@@ -488,3 +488,29 @@ def test_a_program_cannot_read_another_runs_files():
     finally:
         victim.join()
     assert result.score == 1.0, result
+
+
+def test_a_program_cannot_reach_a_unix_socket_on_the_host(tmp_path):
+    """The network namespace leaves sockets with a filesystem path reachable: a program talked to a
+    listener in /tmp. socket(AF_UNIX) now fails (seccomp); socketpair, pipes and multiprocessing work."""
+    import platform
+    import socket
+    import tempfile
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("no filter for this architecture")
+    path = tempfile.mktemp(prefix="gspo-test-", suffix=".sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen(1)
+    try:
+        code = (f"import socket\ntry:\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({path!r})\n    reached = True\n"
+                "except OSError:\n    reached = False\nassert not reached\n"
+                "a, b = socket.socketpair()\na.send(b'x')\nassert b.recv(1) == b'x'\n"
+                "import multiprocessing as mp\nq = mp.get_context('fork').Queue()\nq.put(1)\nassert q.get() == 1\n")
+        result = run_code_tests(code, "pass", CodeLimits(timeout_s=10))
+        assert result.score == 1.0 and result.features.get("unix_blocked"), result
+    finally:
+        server.close()
+        os.unlink(path)

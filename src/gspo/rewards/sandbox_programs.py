@@ -101,6 +101,22 @@ DROP = ROOT and not [p for p in C["need"] if blocked(p)]
 def fail(msg): os.write(C["info_fd"], ("FAIL " + msg + "\n").encode()); os._exit(71)
 def status(st):
     c = os.waitstatus_to_exitcode(st); return 128 - c if c < 0 else c
+def no_unix_sockets():  # seccomp: socket(AF_UNIX, ...) fails with EACCES (a path's socket is reachable through any
+    # namespace: the host's daemons, other jobs); socketpair() and pipes, which multiprocessing uses, still work
+    import platform
+    arch, nr = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(platform.machine(), (None, None))
+    if arch is None: N["errors"].append(f"unix sockets: no filter for {platform.machine()}"); return
+    F = ctypes.c_ushort, ctypes.c_ubyte, ctypes.c_ubyte, ctypes.c_uint
+    class Ins(ctypes.Structure): _fields_ = list(zip(("code", "jt", "jf", "k"), F))
+    class Prog(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Ins))]
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    code = [(LD, 0, 0, 4), (JEQ, 0, 6, arch), (LD, 0, 0, 0), (JGE, 3, 0, 0x40000000), (JEQ, 0, 3, nr), (LD, 0, 0, 16),
+            (JEQ, 0, 1, 1), (RET, 0, 0, 0x00050000 | 13), (RET, 0, 0, 0x7FFF0000)]
+    ins = (Ins * len(code))(*[Ins(*c) for c in code])
+    prog = Prog(len(code), ins)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+        N["errors"].append(f"unix sockets: seccomp: {os.strerror(ctypes.get_errno())}"); return
+    N["unix_blocked"] = True
 def child(w, r):
     nproc = L["nproc"] + ((2 if got & NEWPID else 1) if got & NEWUSER else 0)  # + bootstrap, init
     if not ROOT and not got & NEWUSER:  # count is per real uid: allow what this user already runs
@@ -134,6 +150,8 @@ def child(w, r):
     if DROP:
         os.setgroups([]); os.setresgid(GID, GID, GID); os.setresuid(UID, UID, UID)
     N["uid"] = os.getuid(); N["nproc"] = N["uid"] != 0
+    N["unix_blocked"] = False
+    no_unix_sockets()
     os.write(C["info_fd"], (json.dumps(N) + "\n").encode()); os.set_inheritable(C["info_fd"], False)
     try: os.execve(C["python"], [C["python"], "-I", "-B", "_harness.py"], C["env"])
     except OSError as e: fail(f"cannot start {C['python']}: {e}")
