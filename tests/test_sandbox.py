@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gspo.rewards import sandbox, sandbox_programs
+from gspo.rewards import sandbox
 from gspo.rewards.sandbox import (CodeExecutionDisabled, CodeLimits, CodeResult, SandboxError, code_tests_reward,
                           extract_code, last_reasons, run_code_tests)
 
