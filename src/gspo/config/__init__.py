@@ -148,8 +148,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     try:
         if overrides:
             layers.append(OmegaConf.from_dotlist(list(overrides)))
-        layers = [OmegaConf.create(_shape(OmegaConf.to_container(x), type(base or Config()))) for x in layers]
-        _strict_opt_ins(layers)
+        shaped = [_shape(OmegaConf.to_container(x), type(base or Config())) for x in layers]
+        _strict_opt_ins(shaped)
+        layers = [OmegaConf.create(x) for x in shaped]
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
@@ -165,13 +166,15 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 STRICT_OPT_INS = ("rewards.allow_code_execution", "model.trust_remote_code")
 
 
-def _strict_opt_ins(layers: list) -> None:
+def _strict_opt_ins(layers: list[dict]) -> None:
+    """Each layer (a YAML file's or the overrides', as plain containers) sets the opt-ins, if at
+    all, to a YAML boolean."""
     for layer in layers:
         for name in STRICT_OPT_INS:
             section, key = name.split(".")
-            part = layer.get(section) if isinstance(layer, DictConfig) else None
-            if isinstance(part, DictConfig) and key in part:
-                value = part._get_node(key)._value()
+            part = layer.get(section) if isinstance(layer, dict) else None
+            if isinstance(part, dict) and key in part:
+                value = part[key]
                 if not isinstance(value, bool):
                     raise ConfigError(f"config field '{name}': must be true or false (the YAML boolean), got "
                                       f"{value!r}; it lets code run that gspo does not control, so nothing else "

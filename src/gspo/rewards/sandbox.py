@@ -136,9 +136,8 @@ def _note_features(features: dict) -> None:
         if features == _FEATURES:
             return
         _FEATURES = dict(features)
-    missing = [k for k in ("netns", "mountns", "pidns", "ipcns", "tmpfs", "readonly", "nproc", "sealed",
-                                   "unix_blocked")
-               if not features.get(k)]
+    wanted = ("netns", "mountns", "pidns", "ipcns", "tmpfs", "readonly", "nproc", "sealed", "unix_blocked")
+    missing = [k for k in wanted if not features.get(k)]
     shown = {k: v for k, v in features.items() if k != "errors"}
     if missing:
         log.warning("code sandbox: %s; NOT in force here: %s. %s", shown, ", ".join(missing), "; ".join(features["errors"]))

@@ -178,11 +178,8 @@ class _Host:
             return outcome, self._cut(text)
         if op == "reset":  # a new episode's environment: its first observation
             ep, row = args
-            try:
-                env = self.env_class()
-                obs = env.reset(**row)
-            except Exception as e:
-                return "error", describe(e)
+            env = self.env_class()
+            obs = env.reset(**row)  # (what it raises is the request's error: `handle`)
             self.envs[ep] = env
             return "ok", None if obs is None else self._cut(reply_text(obs))
         if op == "env_call":
@@ -191,10 +188,7 @@ class _Host:
             return outcome, self._cut(text)
         if op == "step":
             ep, messages = args
-            try:
-                new, done = self.envs[ep].step(messages)
-            except Exception as e:
-                return "error", describe(e)
+            new, done = self.envs[ep].step(messages)
             if isinstance(new, str):
                 new = [{"role": "user", "content": new}]
             if not (isinstance(new, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
@@ -295,7 +289,8 @@ class ToolRunner:
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.tools, self.env_class, os.getpid(), self.max_reply_chars),
+        proc = self._ctx.Process(target=_worker_main,
+                                 args=(child, self.tools, self.env_class, os.getpid(), self.max_reply_chars),
                                  name=f"gspo-tool-{w}", daemon=False)  # a tool may start a Pool; close() stops it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
