@@ -91,6 +91,17 @@ def test_hermes_calls_are_parsed_and_broken_ones_say_why():
     assert parse_hermes("<tool_call>{\"name\": \"ad")[0].error.startswith("not JSON")
 
 
+def test_hermes_calls_drafted_inside_the_reasoning_are_not_calls():
+    """Qwen3 thinks in <think> before it calls: a call drafted there is reasoning, as vLLM's
+    reasoning parser splits it off before the tool parser reads (it used to be run)."""
+    thought = f"<think>maybe {call('add', a=9, b=9)}? no.</think>\n\n{call('add', a=2, b=3)}"
+    assert parse_hermes(thought) == [ToolCall("add", {"a": 2, "b": 3})]
+    assert parse_hermes(f"{call('add', a=9, b=9)}</think>answer") == []  # the prompt opened <think> (DeepSeek-R1)
+    assert parse_hermes(f"<think>I will {call('add', a=9, b=9)}") == []  # out of tokens while thinking
+    assert parse_hermes(f"{call('add', a=1, b=1)} <think>then") == [ToolCall("add", {"a": 1, "b": 1})]
+    assert parse_hermes("<think></think>" + call("add", a=1, b=2)) == [ToolCall("add", {"a": 1, "b": 2})]
+
+
 def test_llama3_json_calls_are_the_whole_turn_and_broken_ones_say_why():
     assert resolve_parser("llama3_json") is parse_llama3_json
     one = '{"name": "add", "parameters": {"a": 2, "b": 3}}'

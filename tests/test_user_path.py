@@ -399,36 +399,6 @@ def test_too_few_prompts_for_one_rollout_is_one_error_before_the_model_loads(tmp
     assert rc == 2 and "1 prompts of 16 tokens or fewer (data.max_prompt_tokens=16), fewer than" in err, err
 
 
-# ----------------------------------------------------------------------------- learned positions
-
-
-def test_position_limit_is_the_learned_table_only(saved):
-    from gspo.models import load_policy, position_limit
-
-    assert position_limit(load_policy(saved("gpt2", n_positions=24))[0]) == 24
-    assert position_limit(load_policy(saved("opt"))[0]) == 256  # (OPT's table holds 2 more rows: an offset)
-    assert position_limit(load_policy(saved("qwen3"))[0]) is None  # RoPE: no hard limit
-
-
-def test_a_learned_position_table_caps_prompt_and_completion_before_any_rollout(tmp_path, saved, capsys):
-    """GPT-2 with 24 positions: a completion budget that leaves no room for a prompt is one error
-    naming the field; a smaller one drops the prompts that would not fit beside it (the lookup
-    past the table used to fail mid-rollout with an IndexError)."""
-    model_dir = saved("gpt2", n_positions=24)
-    base = ["train", f"model.name_or_path={model_dir}", "data.source=arithmetic", *SMALL[:2], "schedule.rollouts=1",
-            "logging.console=false", f"output.dir={tmp_path}"]
-    capsys.readouterr()
-    assert main([*base, "rollout.max_new_tokens=24", "output.name=a"]) == 2
-    err = capsys.readouterr().err
-    assert "'rollout.max_new_tokens'" in err and "24 learned positions" in err and "Traceback" not in err
-    assert not (tmp_path / "a" / "metrics.jsonl").exists()
-    assert main([*base, "rollout.max_new_tokens=20", "output.name=b", "eval.enabled=true", "eval.num_prompts=4"]) == 0
-    assert "longer than 4 tokens (the model's 24 learned positions less rollout.max_new_tokens = 20)" in \
-        capsys.readouterr().err
-    assert [r for r in records(tmp_path / "b") if "loss" in r]
-    assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "4", "--max-new-tokens", "16"]) == 0
-
-
 def test_a_model_with_a_cache_class_of_its_own_is_sent_to_generate(tmp_path, saved, capsys):
     """MiniMax-Text keeps its linear-attention state in a cache class of its own: gspo's decode loop
     is refused at start-up with the setting that works, and transformers' generate then samples.

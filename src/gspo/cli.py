@@ -47,9 +47,9 @@ def cmd_eval(args) -> int:
     from gspo.config import ConfigError, load_config
     from gspo.data import column_names
     from gspo.train.evaluate import evaluate, evaluate_episodes
-    from gspo.models import load_policy, position_limit
+    from gspo.models import load_policy
     from gspo.rewards.runner import RewardRunner
-    from gspo.train.prompts import (check_reward_columns, fitting_prompts, load_prompt_rows, prompt_cap,
+    from gspo.train.prompts import (check_reward_columns, fitting_prompts, load_prompt_rows, model_prompt_cap, prompt_cap,
                                     source_held_out_split)
     from gspo.train.reward_specs import checked_reward_specs
     from gspo.train.run import checked_schemas, episode_tools, hf_generator, load_episode_tools, policy_tokenizer
@@ -94,7 +94,7 @@ def cmd_eval(args) -> int:
                            limit=cfg.eval.num_prompts)  # as training does: the first that fit
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code, tokenizer=tok)
-    cap = prompt_cap(cfg, position_limit(model))
+    cap = model_prompt_cap(cfg, model)
     if cap != prompt_cap(cfg):  # a learned position table: prompt + completion must fit in it
         rows = fitting_prompts(cfg, every, tok, schemas, cap=cap, held=bool(held), notes=False,
                                limit=cfg.eval.num_prompts)

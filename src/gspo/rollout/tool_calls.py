@@ -64,11 +64,25 @@ def _json_call(obj) -> ToolCall:
     return ToolCall(obj["name"], args)
 
 
+def after_thinking(text: str) -> str:
+    """What a turn says after its reasoning, as vLLM's reasoning parsers split it before a tool
+    parser reads the turn: the text after the first ``</think>`` (whether the turn opened with
+    ``<think>`` or its prompt did, as DeepSeek-R1's templates do), and with a ``<think>`` never
+    closed, the text before it (the model ran out of tokens thinking). A call the model drafts
+    while it thinks is not a call."""
+    head, closed, tail = text.partition("</think>")
+    if closed:
+        return tail
+    return text.partition("<think>")[0]
+
+
 def parse_hermes(text: str) -> list[ToolCall]:
     """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of `text`, in order
     (the format of Qwen2.5 / Qwen3 and the Hermes templates), and a last block left open at the
-    end of the turn. `arguments` may also be a JSON string of an object. A block that does not
-    parse is a ToolCall with `error` set."""
+    end of the turn; none inside the turn's reasoning (`after_thinking`: Qwen3 thinks in
+    ``<think>`` before it calls). `arguments` may also be a JSON string of an object. A block that
+    does not parse is a ToolCall with `error` set."""
+    text = after_thinking(text)
     bodies = _HERMES.findall(text)
     end = text.rfind("</tool_call>")
     rest = text[end + len("</tool_call>"):] if end >= 0 else text

@@ -90,6 +90,16 @@ def enough_rows(cfg: Config, n: int, which: str = "") -> None:
                         f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}")
 
 
+def completion_budget(cfg: Config) -> tuple[int, str]:
+    """The most tokens a completion (an episode's, after its prompt) may add to a prompt
+    (`length_limit`), and the field that sets it."""
+    r = cfg.rollout
+    field = "rollout.max_new_tokens"
+    if r.tools or r.environment:
+        field = "rollout.max_episode_tokens" if r.max_episode_tokens else "rollout.max_turns x rollout.max_new_tokens"
+    return length_limit(r), field
+
+
 def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
     """The most tokens a kept prompt may have, and why: data.max_prompt_tokens, or less where the
     model has `positions` learned positions (`gspo.models.position_limit`) and a prompt of
@@ -99,11 +109,7 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
     cap, why = cfg.data.max_prompt_tokens, f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
     if positions is None:
         return cap, why
-    r = cfg.rollout
-    budget = length_limit(r)
-    field = "rollout.max_new_tokens"
-    if r.tools or r.environment:
-        field = "rollout.max_episode_tokens" if r.max_episode_tokens else "rollout.max_turns x rollout.max_new_tokens"
+    budget, field = completion_budget(cfg)
     if budget >= positions:
         raise ConfigError(f"config field '{field.split(' ')[0]}': {cfg.model.name_or_path} has {positions} learned "
                           f"positions, and {field} = {budget} completion tokens leave no room for a prompt; "
@@ -111,6 +117,27 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
     if positions - budget < cap:
         cap, why = positions - budget, f"the model's {positions} learned positions less {field} = {budget}"
     return cap, why
+
+
+def model_prompt_cap(cfg: Config, model, *, say: bool = True) -> tuple[int, str]:
+    """`prompt_cap` under the loaded `model`'s positions: a learned table's hard limit
+    (`gspo.models.position_limit`). With relative positions (RoPE) a sequence may run past the
+    length the model was trained for, max_position_embeddings: a warning (`say`) where the longest
+    prompt kept plus the completion budget would."""
+    from gspo.models import position_limit
+
+    limit = position_limit(model)
+    cap = prompt_cap(cfg, limit)
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    trained = getattr(config, "max_position_embeddings", None)
+    budget, field = completion_budget(cfg)
+    if say and limit is None and isinstance(trained, int) and 0 < trained < cap[0] + budget:
+        print(f"warning: prompts of up to {cap[0]} tokens ({cap[1]}) and {field}={budget} run to {cap[0] + budget} "
+              f"tokens, past the {trained} positions {cfg.model.name_or_path} was trained for "
+              f"(max_position_embeddings): lower data.max_prompt_tokens or {field.split(' ')[0]} to keep within it",
+              file=sys.stderr)
+    return cap
 
 
 def rows_source(cfg: Config, held: bool = False) -> str:

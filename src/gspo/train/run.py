@@ -24,10 +24,10 @@ from gspo.config import Config, ConfigError, to_yaml, validate_world
 from gspo.config.rules import needs_reference, records_routes
 from gspo.data import DataError, PromptStream, column_names, use_template_kwargs
 from gspo.train.distributed import Dist
-from gspo.train.prompts import (check_reward_columns, enough_rows, first_fitting, fitting_prompts, load_prompt_rows, prompt_cap,
-                                rows_source, say_held_out)
+from gspo.train.prompts import (check_reward_columns, enough_rows, first_fitting, fitting_prompts, load_prompt_rows,
+                                model_prompt_cap, prompt_cap, rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
-from gspo.models import (base_model, half_precision_warnings, load_policy, load_tokenizer, position_limit, resolve_device,
+from gspo.models import (base_model, half_precision_warnings, load_policy, load_tokenizer, resolve_device,
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.rewards.runner import RewardRunner
@@ -361,7 +361,7 @@ def build_run(cfg: Config) -> Run:
                         "rollout.mixed_precision": cfg.rollout.mixed_precision}
             for line in half_precision_warnings(settings, d.device):
                 print(f"warning: {line}", file=sys.stderr)
-        cap = prompt_cap(cfg, position_limit(model))  # a learned position table: prompt + completion must fit in it
+        cap = model_prompt_cap(cfg, model, say=d.is_main)  # learned positions: prompt + completion must fit
         if cap != prompt_cap(cfg):
             rows, eval_rows, dropped_held = fitted_rows(cfg, rows, held_out, tok, schemas, cap, say=d.is_main,
                                                         again=True)

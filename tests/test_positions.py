@@ -1,0 +1,58 @@
+"""Sequence length against a model's positions, on checkpoints written with save_pretrained and
+trained through the CLI: a learned table of absolute positions (GPT-2, OPT) is a hard limit the
+prompts are cut to; relative positions (RoPE) run past max_position_embeddings, with a warning."""
+
+from __future__ import annotations
+
+import pytest
+
+from gspo.cli import main
+from test_user_path import SMALL, records
+
+
+def test_position_limit_is_the_learned_table_only(saved):
+    from gspo.models import load_policy, position_limit
+
+    assert position_limit(load_policy(saved("gpt2", n_positions=24))[0]) == 24
+    assert position_limit(load_policy(saved("opt"))[0]) == 256  # (OPT's table holds 2 more rows: an offset)
+    assert position_limit(load_policy(saved("qwen3"))[0]) is None  # RoPE: no hard limit
+
+
+def test_a_learned_position_table_caps_prompt_and_completion_before_any_rollout(tmp_path, saved, capsys):
+    """GPT-2 with 24 positions: a completion budget that leaves no room for a prompt is one error
+    naming the field; a smaller one drops the prompts that would not fit beside it (the lookup
+    past the table used to fail mid-rollout with an IndexError)."""
+    model_dir = saved("gpt2", n_positions=24)
+    base = ["train", f"model.name_or_path={model_dir}", "data.source=arithmetic", *SMALL[:2], "schedule.rollouts=1",
+            "logging.console=false", f"output.dir={tmp_path}"]
+    capsys.readouterr()
+    assert main([*base, "rollout.max_new_tokens=24", "output.name=a"]) == 2
+    err = capsys.readouterr().err
+    assert "'rollout.max_new_tokens'" in err and "24 learned positions" in err and "Traceback" not in err
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()
+    assert main([*base, "rollout.max_new_tokens=20", "output.name=b", "eval.enabled=true", "eval.num_prompts=4"]) == 0
+    assert "longer than 4 tokens (the model's 24 learned positions less rollout.max_new_tokens = 20)" in \
+        capsys.readouterr().err
+    assert [r for r in records(tmp_path / "b") if "loss" in r]
+    assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "4", "--max-new-tokens", "16"]) == 0
+
+
+@pytest.mark.parametrize("max_new,warned", [(4, False), (40, True)])
+def test_a_rope_model_run_past_its_trained_length_is_warned_of_at_start_up(tmp_path, saved, capsys, max_new, warned):
+    """Qwen3 saved with 32 positions: prompts of up to data.max_prompt_tokens=16 and 40 new tokens
+    could reach 56 tokens, past what it was trained for; RoPE runs there, so a warning naming both
+    fields, not an error (the run trains). Within the 32, nothing is said; `gspo eval` warns alike."""
+    model_dir = saved("qwen3", max_position_embeddings=32)
+    capsys.readouterr()
+    args = [f"model.name_or_path={model_dir}", "data.source=arithmetic", "data.max_prompt_tokens=16",
+            f"rollout.max_new_tokens={max_new}"]
+    assert main(["train", *args, *SMALL[:2], "schedule.rollouts=1", "logging.console=false",
+                 f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false"]) == 0
+    err = capsys.readouterr().err
+    said = ("past the 32 positions" in err and "data.max_prompt_tokens or rollout.max_new_tokens" in err
+            and f"run to {16 + max_new} tokens" in err)
+    assert said == warned, err
+    assert [r for r in records(tmp_path / "run") if "loss" in r]
+    assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "2", "--max-new-tokens", str(max_new),
+                 "data.max_prompt_tokens=16"]) == 0
+    assert ("past the 32 positions" in capsys.readouterr().err) == warned
