@@ -404,3 +404,47 @@ def test_kl_run_resumes_exactly_with_the_starting_weights_as_reference(tmp_path)
     assert p.returncode == 3
     gspo_train(tmp_path / "b", "run", *extra, "resume=auto")
     assert_same_run(tmp_path / "a" / "run", tmp_path / "b" / "run")
+
+
+@pytest.mark.parametrize("extra,max_len", [([], 16),
+                                           (["rollout.tools=[gspo.tool_tasks:calc]", "rollout.max_turns=3"], 48),
+                                           (["rollout.tools=[gspo.tool_tasks:calc]", "rollout.max_episode_tokens=40"], 40)])
+def test_dr_grpos_constant_is_the_most_tokens_the_model_can_write(extra, max_len):
+    """Dr. GRPO divides each sequence's token sum by a constant, the generation budget. An
+    episode's model may write up to its whole budget (max_turns x max_new_tokens, or
+    max_episode_tokens), not one turn's max_new_tokens (which it used to take)."""
+    from gspo.config import load_config
+    from gspo.config.rules import objective_args
+
+    cfg = load_config(None, ["algo.level=token", "algo.aggregation=seq-mean-token-sum-norm",
+                             "rollout.max_new_tokens=16", *extra])
+    assert objective_args(cfg)["max_len"] == max_len
+
+
+def test_a_k1_kl_term_in_the_loss_is_warned_of_its_expected_gradient_is_zero():
+    """k1's value is an unbiased KL estimate, but as a loss term its expected gradient is
+    E_theta[grad log pi_theta] = 0: computed exactly here over a 5-token vocabulary (k3's is the
+    gradient of KL(ref || theta), k2's of KL(theta || ref)); a k1 term in the loss is warned of."""
+    import torch
+
+    from gspo.algo import kl_loss_note, kl_terms
+
+    g = torch.Generator().manual_seed(0)
+    theta, ref = torch.randn(5, generator=g, requires_grad=True), torch.randn(5, generator=g).log_softmax(-1)
+
+    def expected_grad(estimator):  # sum_y pi(y) grad k(y), the tokens drawn from pi (not differentiated)
+        logp = theta.log_softmax(-1)
+        k = kl_terms(logp[None], ref[None], torch.ones(1, 5, dtype=torch.bool), estimator=estimator,
+                     max_log_ratio=20.0)[0]
+        return torch.autograd.grad((logp.detach().exp() * k).sum(), theta)[0]
+
+    def kl_grad(forward):
+        logp = theta.log_softmax(-1)
+        kl = (logp.exp() * (logp - ref)).sum() if forward else (ref.exp() * (ref - logp)).sum()
+        return torch.autograd.grad(kl, theta)[0]
+
+    assert expected_grad("k1").abs().max() < 1e-6
+    torch.testing.assert_close(expected_grad("k3"), kl_grad(forward=False))
+    torch.testing.assert_close(expected_grad("k2"), kl_grad(forward=True))
+    assert "zero expected gradient" in kl_loss_note("k1", 0.1)
+    assert kl_loss_note("k1", 0.0) is None and kl_loss_note("k3", 0.1) is None

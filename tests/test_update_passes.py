@@ -173,3 +173,73 @@ def test_default_dense_run_uses_sampler_logp_and_monitors_the_gap(tmp_path):
     assert rc == 0
     for rec in records(run_dir):
         assert rec["mismatch/token_abs_max"] < 1e-5  # same weights, same precision: rounding only
+
+
+@pytest.mark.parametrize("case", ["grpo-token-mean-mis", "gspo-mis-truncated", "cispo-mis-sequence"])
+def test_what_mis_and_overlong_filtering_drop_changes_no_update_or_metric_however_it_is_cut(tmp_path, case):
+    """MIS (IcePop) drops tokens or sequences whose pi_old / pi_sampler is out of range, and
+    algo.mask_truncated drops completions cut by the length limit. Neither may make the update or
+    a metric depend on how a minibatch is cut into forwards: a forward's token-mean used to divide
+    by the tokens it kept while the plan weighted it by all it held (GRPO token-mean + MIS:
+    gradients 12-72% apart), and means over sequences were weighted by rows, masked or not."""
+    import dataclasses
+
+    from gspo.train import old_logprobs
+
+    extra = {"grpo-token-mean-mis": ["algo.level=token", "algo.aggregation=token-mean"],
+             "gspo-mis-truncated": ["algo.mask_truncated=true"],
+             "cispo-mis-sequence": ["algo.objective=cispo", "algo.level=token", "algo.mismatch_level=sequence"]}[case]
+    results, params = [], []
+    for i, micro in enumerate((0, 1, 2)):
+        ctx, rollout, adv, plan, state, torch = _step_inputs(
+            tmp_path / str(i), "schedule.num_minibatches=2", f"schedule.micro_batch_size={micro}",
+            "schedule.length_buckets=1", "algo.mismatch_correction=mis", "algo.mismatch_floor=0.97",
+            "algo.mismatch_cap=1.03", "optim.lr=0.05", *extra)
+        n, T = rollout.completion_ids.shape
+        g = torch.Generator().manual_seed(0)  # a sampler 3-10% off pi_old on some tokens: MIS drops those
+        noise = (torch.rand(n, T, generator=g) < 0.4) * 0.1 * torch.randn(n, T, generator=g)
+        lengths = torch.arange(n) % T + 1  # uneven lengths, so forwards keep uneven shares
+        keep = (torch.arange(T)[None, :] < lengths[:, None]).long()
+        finish = ["length" if k % 3 == 0 else "eos" for k in range(n)]  # (truncated rows: mask_truncated's)
+        rollout = dataclasses.replace(rollout, completion_mask=rollout.completion_mask * keep, finish_reason=finish,
+                                      sampler_logp=rollout.sampler_logp + noise * rollout.completion_mask)
+        the_plan = _plan(ctx, rollout, adv, state)
+        results.append(_update(ctx, rollout, old_logprobs(ctx, rollout, the_plan), adv, state, the_plan))
+        params.append(torch.cat([p.detach().flatten() for p in ctx.policy.parameters()]))
+        ctx.close()
+    whole = results[0]
+    assert 0 < whole[0]["mismatch_is/masked_frac"] < 1, whole[0]  # MIS dropped some, not all
+    for split, theta in zip(results[1:], params[1:]):
+        for step in (0, 1):
+            for k in ("loss", "clip/token_frac", "clip/seq_frac", "kl/approx", "ratio/seq_mean", "ratio/seq_min",
+                      "ratio/seq_max", "mismatch_is/masked_frac", "mismatch_is/weight_mean", "mismatch_is/weight_max",
+                      "completion/len_mean"):
+                assert split[step][k] == pytest.approx(whole[step][k], rel=1e-4, abs=1e-6), (step, k)
+        assert torch.allclose(theta, params[0], rtol=0, atol=1e-4)  # the same update, however it is cut
+
+
+def test_mis_at_the_token_level_is_icepops_token_mean():
+    """IcePop's objective, 1 / sum_i |y_i| * sum_i sum_t M_it * min(r A, clip(r) A): a token MIS
+    drops leaves the sum and stays in the count (`algo.apply_keep`); at the sequence levels it
+    leaves the sequence's ratio instead."""
+    import torch
+
+    from gspo import algo
+
+    g = torch.Generator().manual_seed(1)
+    B, T = 4, 5
+    mask = torch.arange(T)[None, :] < torch.tensor([5, 3, 4, 2])[:, None]
+    old = -torch.rand(B, T, generator=g)
+    logp, sampler = old + 0.05 * torch.randn(B, T, generator=g), old + 0.3 * torch.randn(B, T, generator=g)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    w, keep, _ = algo.mismatch_weights(old, sampler, mask, method="mis", level="token", cap=1.2, floor=0.8,
+                                       max_log_ratio=20.0)
+    assert (keep != mask).any() and keep.any()
+    weights, m = algo.apply_keep(w, keep, mask, "token")
+    loss, _ = algo.policy_loss(logp, old, adv, m, weights=weights, level="token", eps_low=0.2, eps_high=0.28,
+                               aggregation="token-mean", max_log_ratio=20.0)
+    r = (logp - old).exp()
+    by_hand = torch.minimum(r * adv[:, None], r.clamp(0.8, 1.28) * adv[:, None])
+    assert loss.item() == pytest.approx(-(by_hand * keep).sum().item() / mask.sum().item(), rel=1e-6)
+    _, m_seq = algo.apply_keep(w, keep, mask, "sequence")
+    assert torch.equal(m_seq, mask & keep)

@@ -41,14 +41,15 @@ Where this departs from the paper (each is a choice the paper leaves open):
 """
 
 from gspo.algo.advantages import group_advantages
-from gspo.algo.mismatch import (MISMATCH_LEVELS, MISMATCH_METHODS, MISMATCH_METRICS, mismatch_weights,
+from gspo.algo.mismatch import (MISMATCH_LEVELS, MISMATCH_METHODS, MISMATCH_METRICS, apply_keep, mismatch_weights,
                                 validate_mismatch)
 from gspo.algo.policy import (AGGREGATIONS, LEVELS, OBJECTIVE_LEVELS, OBJECTIVES, ROW_METRICS, SEQUENCE_METRICS,
                               TOKEN_METRICS, aggregate, policy_loss, sapo_gate, sequence_log_ratio,
                               sequence_log_ratio_sum, validate_algo)
-from gspo.algo.regularizers import KL_ESTIMATORS, entropy_bonus, kl_penalty, kl_terms
+from gspo.algo.regularizers import KL_ESTIMATORS, entropy_bonus, kl_loss_note, kl_penalty, kl_terms
 
 __all__ = ["AGGREGATIONS", "KL_ESTIMATORS", "LEVELS", "MISMATCH_LEVELS", "MISMATCH_METHODS", "MISMATCH_METRICS",
            "OBJECTIVES", "OBJECTIVE_LEVELS", "ROW_METRICS", "SEQUENCE_METRICS", "TOKEN_METRICS", "aggregate",
-           "entropy_bonus", "group_advantages", "kl_penalty", "kl_terms", "mismatch_weights", "policy_loss",
-           "sapo_gate", "sequence_log_ratio", "sequence_log_ratio_sum", "validate_algo", "validate_mismatch"]
+           "apply_keep", "entropy_bonus", "group_advantages", "kl_loss_note", "kl_penalty", "kl_terms",
+           "mismatch_weights", "policy_loss", "sapo_gate", "sequence_log_ratio", "sequence_log_ratio_sum",
+           "validate_algo", "validate_mismatch"]

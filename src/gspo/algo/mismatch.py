@@ -61,9 +61,9 @@ def mismatch_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: t
                 with floor 0.5, cap 5 this is IcePop's token masking (values as reported).
 
     Returns (weights (B, T) float, 1 at masked positions; keep (B, T) bool; metrics), all
-    detached; pass `weights=weights, mask=keep` to policy_loss. Float metrics (MISMATCH_METRICS)
-    over the level's units, valid tokens or non-empty sequences: weight_mean / weight_max /
-    weight_min of the UNtruncated w, truncated_frac (w > cap, "tis" only, else 0), masked_frac
+    detached; `apply_keep` makes them policy_loss's `weights` and `mask` for an objective's
+    level. Float metrics (MISMATCH_METRICS) over the level's units, valid tokens or non-empty
+    sequences: weight_mean / weight_max / weight_min of the UNtruncated w, truncated_frac (w > cap, "tis" only, else 0), masked_frac
     (outside [floor, cap], "mis" only, else 0). With no unit: mean, max and min are 1.
     """
     validate_mismatch(method, level, cap, floor)
@@ -111,3 +111,21 @@ def mismatch_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: t
         torch.where(any_unit, torch.where(valid, w, math.inf).min(), 1.0),
     )]).tolist()  # one device sync for all metrics
     return weights, keep, dict(zip(MISMATCH_METRICS, values))
+
+
+def apply_keep(weights: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor, level: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mismatch_weights`' (weights, keep) as `policy_loss` takes them, for an objective at `level`
+    over the loss tokens `mask`: (weights, mask). What MIS drops leaves the loss's sum either way;
+    whether it leaves the count too is the level's:
+
+    - "token" (GRPO, SAPO, CISPO): a dropped token is a weight of 0 and stays in the count, as
+      IcePop writes it (1 / sum_i |y_i| over every token) and TRL masks. Then a minibatch's
+      token-mean is the same however it is cut into forwards, whose counts are known before
+      their pi_old is (the first minibatch's pi_old is its own forward).
+    - "sequence", "sequence_token" (GSPO, GSPO-token, GMPO, LUSPO): a dropped token leaves the
+      sequence's ratio s_i and its length |y_i| (`mask & keep`); a sequence left with no token
+      adds 0 and still counts in the mean over sequences, so no cut changes that mean either."""
+    if level == "token":
+        return weights * keep.to(weights.dtype), mask
+    return weights, mask & keep

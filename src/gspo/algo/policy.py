@@ -229,10 +229,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                   masked mean of its row's weights, (1/|y_i|) sum_t weights_it; for a sequence
                   weight W_i broadcast over the row that is exactly W_i. With sequence weights
                   broadcast, "sequence_token" and "sequence" therefore still agree.
-            Masking tokens or sequences (MIS, IcePop) is not a weight: pass `mask & keep` as
-            `mask`, and the dropped tokens leave the ratio s_i, |y_i| and the loss. A sequence
-            with no token left adds 0 but still counts in the mean over sequences (as an empty
-            response does). The metrics do not depend on the weights (but "loss" is the
+            Masking tokens or sequences (MIS, IcePop) is a weight of 0 at the token level (the
+            dropped tokens stay in the count) and `mask & keep` at the sequence levels (they
+            leave the ratio s_i and |y_i|): `gspo.algo.apply_keep`. A sequence with no token
+            left adds 0 but still counts in the mean over sequences (as an empty response does). The metrics do not depend on the weights (but "loss" is the
             returned, weighted value).
     Metrics (python floats, under no_grad). The clip fractions count, per objective, the tokens
     whose gradient the objective cuts or truncates:

@@ -23,7 +23,12 @@ def kl_terms(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, *, 
     (B, T) -> (B, T), 0 at masked positions (garbage there is never read). The gradient flows
     through `logp` only; `ref_logp` is a constant. The tokens come from pi_old, not pi_theta:
     like GRPO's implementations, the estimate ignores that difference (zero on the first
-    minibatch, where pi_theta = pi_old)."""
+    minibatch, where pi_theta = pi_old).
+
+    "Unbiased" is said of the values. In the loss, what pulls is each term's gradient, whose
+    expectation over tokens drawn from pi_theta is: k1 zero (it does not pull towards pi_ref at
+    all: `kl_loss_note`), k2 the gradient of KL(pi_theta || pi_ref), k3 that of the reverse
+    KL(pi_ref || pi_theta) (GRPO's, TRL's and verl's default penalty)."""
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
     max_log_ratio = _check_max_log_ratio(max_log_ratio)
@@ -38,6 +43,16 @@ def kl_terms(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, *, 
         lr = log_r.clamp(-max_log_ratio, max_log_ratio)
         k = torch.expm1(lr) - lr
     return torch.where(mask, k, 0.0)
+
+
+def kl_loss_note(estimator: str, coef: float) -> str | None:
+    """A warning for a k1 term in the loss (`coef` > 0): its expected gradient is zero, so it adds
+    noise and no pull towards the reference; None otherwise."""
+    if estimator != "k1" or not coef > 0:
+        return None
+    return ("algo.kl_estimator=k1 in the loss (algo.kl_coef > 0) has zero expected gradient: it adds noise and no "
+            "pull towards the reference; k3 (the default) pulls by the gradient of KL(pi_ref || pi_theta), k2 by "
+            "that of KL(pi_theta || pi_ref); k1 still logs a fine estimate with logging.kl_reference=true")
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, *, estimator: str,

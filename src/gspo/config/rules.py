@@ -305,13 +305,15 @@ def records_routes(cfg: Config) -> bool:
 
 def objective_args(cfg: Config) -> dict:
     """The policy objective's settings as `gspo.algo.policy_loss` / `validate_algo` take them:
-    the sapo temperatures only for SAPO, `max_len` (the generation budget) only for Dr. GRPO's
-    fixed denominator."""
+    the sapo temperatures only for SAPO, `max_len` only for Dr. GRPO's fixed denominator: the
+    most tokens the model can write (`length_limit`: an episode's whole budget, not one turn's)."""
+    from gspo.rewards.shaping import length_limit
+
     a = cfg.algo
     sapo = a.objective == "sapo"
     return dict(level=a.level, objective=a.objective, eps_low=a.eps_low, eps_high=a.eps_high,
                 aggregation=a.aggregation, max_log_ratio=a.max_log_ratio,
-                max_len=cfg.rollout.max_new_tokens if a.aggregation == "seq-mean-token-sum-norm" else None,
+                max_len=length_limit(cfg.rollout) if a.aggregation == "seq-mean-token-sum-norm" else None,
                 tau_pos=a.sapo_tau_pos if sapo else None, tau_neg=a.sapo_tau_neg if sapo else None)
 
 

@@ -251,13 +251,15 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         if gap:
             gaps.append((part.sampler_logp, logp.detach(), part.model_mask * (not micro.placeholder)))
         mask, weights = part.model_mask, None  # the tokens the model wrote (not a tool's reply)
-        if a.mismatch_correction in ("tis", "mis"):  # w = pi_old / pi_sampler, truncated or masked
-            weights, mask, cm = algo.mismatch_weights(
-                old_logp[micro.rows, :T], part.sampler_logp, part.model_mask, method=a.mismatch_correction,
-                level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
-            _add_correction_metrics(corr, cm, micro.num_rows)
         if a.mask_truncated:  # DAPO's overlong filtering: a completion cut by the length limit adds 0
             mask = mask & ~part.truncated.to(mask.device)[:, None]
+        if a.mismatch_correction in ("tis", "mis"):  # w = pi_old / pi_sampler, truncated or masked
+            weights, keep, cm = algo.mismatch_weights(
+                old_logp[micro.rows, :T], part.sampler_logp, part.model_mask, method=a.mismatch_correction,
+                level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
+            weights, mask = algo.apply_keep(weights, keep, mask, a.level)
+            units = part.model_mask if a.mismatch_level == "token" else part.model_mask.any(-1)
+            _add_correction_metrics(corr, cm, int(torch.count_nonzero(units)) * (micro.num_rows > 0))
         loss, m = algo.policy_loss(logp, old_logp[micro.rows, :T], adv[micro.rows], mask, weights=weights,
                                    **objective)
         if entropy is not None:  # pi_theta's entropy, from the same chunked head
@@ -279,7 +281,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
             loss = loss * float("nan")
         (loss * micro.weight).backward()
         loss_total += loss.item() * micro.weight
-        add_micro_metrics(sums, m, micro.tokens, micro.num_rows)
+        n_tok, n_seq = torch.stack([torch.count_nonzero(mask), torch.count_nonzero(mask.any(-1))]).tolist()
+        add_micro_metrics(sums, m, n_tok, micro.num_rows, n_seq)  # (means over what the mask left)
     if not mb.micro:  # no row of the minibatch had signal anywhere: its gradient is exactly zero
         for p in run.trainer.parameters():
             if p.requires_grad and p.grad is None:
@@ -293,10 +296,11 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         sums.setdefault("entropy/mean", math.nan)
     metrics = reduce_minibatch_metrics(run.dist, sums, loss_total, sum(m.tokens for m in mb.micro),
                                        sum(m.num_rows for m in mb.micro))
-    if corr:
-        rows = max(sum(m.num_rows for m in mb.micro), 1)
-        metrics.update(run.dist.reduce_metrics({k: v if k.endswith(("_max", "_min")) else v / rows
-                                                for k, v in corr.items()}))
+    if corr:  # means over the correction's units (tokens, or sequences) of every forward and rank
+        corr = run.dist.reduce_metrics(corr, sums=tuple(k for k in corr if not k.endswith(("_max", "_min"))))
+        units = corr.pop("_units")
+        metrics.update({k: (v if math.isfinite(v) else math.nan) if k.endswith(("_max", "_min"))
+                        else v / units if units else math.nan for k, v in corr.items()})
     if skips:
         metrics["rows/skipped_frac"] = 1.0 - metrics["rows/minibatch"] / mb.global_rows
     metrics.update(grad_norm=grad_norm, lr=run.scheduler.get_last_lr()[0])
@@ -306,17 +310,17 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     return metrics
 
 
-def _add_correction_metrics(acc: dict, m: dict, rows: int) -> None:
-    """Micro-batch metrics of `algo.mismatch_weights` into `acc`: means weighted by rows, max / min."""
-    if not rows:
-        return
+def _add_correction_metrics(acc: dict, m: dict, units: int) -> None:
+    """A forward's metrics of `algo.mismatch_weights` into `acc`: means weighted by the units
+    (tokens or sequences, at algo.mismatch_level) they are over, max / min."""
+    acc["_units"] = acc.get("_units", 0) + units
     for k, v in m.items():
         if k.endswith("_max"):
-            acc[k] = max(acc.get(k, -math.inf), v)
+            acc[k] = max(acc.get(k, -math.inf), v) if units else acc.get(k, -math.inf)
         elif k.endswith("_min"):
-            acc[k] = min(acc.get(k, math.inf), v)
+            acc[k] = min(acc.get(k, math.inf), v) if units else acc.get(k, math.inf)
         else:
-            acc[k] = acc.get(k, 0.0) + v * rows
+            acc[k] = acc.get(k, 0.0) + v * units
 
 
 def _grad_norm(run: Run) -> float:

@@ -30,6 +30,7 @@ from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_r
 from gspo.models import (base_model, half_precision_warnings, load_policy, load_tokenizer, resolve_device,
                          set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
+from gspo.algo import kl_loss_note
 from gspo.rewards.runner import RewardRunner
 from gspo.train.reward_specs import checked_reward_specs, reward_specs  # noqa: F401  (reward_specs: API)
 from gspo.rollout.hf import HFGenerator
@@ -324,7 +325,8 @@ def build_run(cfg: Config) -> Run:
                                          cfg.distributed.backend, cfg.distributed.timeout_s)
     validate_world(cfg, d.world_size)                                    # world size
     _check_extras(cfg)                                                   # optional packages
-    for line in weight_dtype_notes(cfg):                                 # weights in half precision
+    kl_note = kl_loss_note(cfg.algo.kl_estimator, cfg.algo.kl_coef)
+    for line in [*weight_dtype_notes(cfg), *([kl_note] if kl_note else [])]:  # half-precision weights, a k1 loss
         if d.is_main:
             print(f"warning: {line}", file=sys.stderr)
     specs = checked_reward_specs(cfg)                                    # reward names

@@ -47,37 +47,52 @@ def mismatch_over_parts(gaps: list) -> dict:
     return mismatch_metrics(*(torch.cat([pad(g[j]) for g in gaps]) for j in range(3)))
 
 
-def add_micro_metrics(sums: dict, m: dict, n_tok: int, n_rows: int) -> None:
-    """Add one micro-batch's `policy_loss` metrics into `sums`: per-token fractions times its
-    tokens, per-sequence means times its rows, min / max combined. A placeholder (n_rows 0)
-    only makes the keys exist, as NaN, which the reduction over ranks leaves out."""
+_COUNTS = ("count/tokens", "count/sequences", "count/rows")  # what the means below are over (not logged)
+
+
+def add_micro_metrics(sums: dict, m: dict, n_tok: int, n_rows: int, n_seq: int | None = None) -> None:
+    """Add one forward's `policy_loss` metrics into `sums`, each weighted by what it is a mean
+    over in that forward: per-token fractions by `n_tok` (the tokens its mask left in the loss),
+    means over sequences by `n_seq` (its non-empty rows; default `n_rows`), the mean length by
+    `n_rows`; min / max combined over forwards with a sequence. A forward's own means over what
+    its mask left then combine into the minibatch's, however it is cut (`algo.mask_truncated`, MIS
+    at the sequence levels). A placeholder (n_rows 0) only makes the keys exist, as NaN, which the
+    reduction over ranks leaves out."""
+    n_tok, n_seq = (n_tok, n_rows if n_seq is None else n_seq) if n_rows else (0, 0)
+    for k, n in zip(_COUNTS, (n_tok, n_seq, n_rows)):
+        sums[k] = sums.get(k, 0) + n
     for k, v in m.items():
         if k == "loss":  # (the weighted loss is summed by the caller)
             continue
         have = sums.get(k, math.nan) == sums.get(k, math.nan)  # (NaN: nothing counted yet)
-        if not n_rows:
+        if not n_rows or (k.endswith(("_min", "_max")) and not n_seq):  # (a ratio min / max over no sequence)
             sums.setdefault(k, math.nan)
-        elif k.endswith("_min") or k.endswith("_max"):
+        elif k.endswith(("_min", "_max")):
             sums[k] = (min if k.endswith("_min") else max)(sums[k], v) if have else v
         else:
-            x = v * (n_tok if k in algo.TOKEN_METRICS else n_rows)
+            x = v * _weight(k, n_tok, n_seq, n_rows)
             sums[k] = sums[k] + x if have else x
+
+
+def _weight(k: str, n_tok, n_seq, n_rows):
+    """What metric `k` of `policy_loss` (or of the loss's other terms) is a mean over."""
+    return n_tok if k in algo.TOKEN_METRICS else n_rows if k == "completion/len_mean" else n_seq
 
 
 def reduce_minibatch_metrics(d, sums: dict, loss: float, tokens: int, rows: int) -> dict:
     """The minibatch's metrics over all ranks (one decision on every rank): sums divided by the
-    global token / row counts; NaN (null in metrics.jsonl) where no row ran."""
+    global counts they are means over (`add_micro_metrics`); NaN (null in metrics.jsonl) where no
+    row ran, or no token or sequence was left in the loss."""
     per_row = [k for k in sums if k in algo.TOKEN_METRICS or k in algo.SEQUENCE_METRICS]
     metrics = d.reduce_metrics({**sums, "loss": loss, "tokens/minibatch": tokens, "rows/minibatch": rows},
-                               sums=(*per_row, "tokens/minibatch", "rows/minibatch"))
+                               sums=(*per_row, *_COUNTS, "tokens/minibatch", "rows/minibatch"))
+    counts = [metrics.pop(k, 0) for k in _COUNTS]
     for k in dict.fromkeys((*algo.ROW_METRICS, *per_row)):
-        n = metrics["tokens/minibatch" if k in algo.TOKEN_METRICS else "rows/minibatch"]
+        n = _weight(k, *counts)
         if k in per_row:
             metrics[k] = metrics[k] / n if n > 0 else math.nan
         elif not math.isfinite(metrics.get(k, math.nan)):  # (a min / max over no value)
             metrics[k] = math.nan
-        if metrics["tokens/minibatch"] == 0:  # rows ran, but with no token in the loss (algo.mask_truncated with
-            metrics[k] = math.nan  # every completion cut): a sequence ratio or clip over no sequence is no value
     if "ratio/token_log_sq_mean" in metrics:  # the spread of the token log-ratios (GRPO's noise, paper §3)
         metrics["ratio/token_log_var"] = max(metrics["ratio/token_log_sq_mean"] - metrics["ratio/token_log_mean"] ** 2,
                                              0.0) if math.isfinite(metrics["ratio/token_log_sq_mean"]) else math.nan
