@@ -466,3 +466,28 @@ def test_a_missing_split_of_a_folder_per_split_layout_names_the_splits_there_are
         (tmp_path / "d" / split / "part-0.jsonl").write_text('{"prompt": "a"}\n')
     with pytest.raises(DataError, match=r"no data files of split 'test' \(data.split\); splits found: train, validation$"):
         load_rows(tmp_path / "d", split="test")
+
+
+@pytest.mark.parametrize("style", ["llama", "gemma", "qwen"])
+def test_an_empty_last_assistant_turn_is_the_generation_prompt(tmp_path, style):
+    """{"role": "assistant", "content": ""} at the end of a conversation is a placeholder for the
+    answer: the prompt renders with the template's generation prompt, as without it. Continued
+    as a turn it lost the header's separator under templates that trim content (Llama 3's
+    "\\n\\n", Gemma's "\\n"). A turn with text is still continued; a system-only rest is refused."""
+    from artifacts import build_tokenizer
+    from gspo.data import prefill
+
+    tok = build_tokenizer(style)
+    user = [{"role": "user", "content": "What is 2+3?"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": p, "answer": "5"}) for p in (
+        user + [{"role": "assistant", "content": ""}], user + [{"role": "assistant", "content": "  \n"}],
+        user + [{"role": "assistant", "content": "The answer is"}])) + "\n")
+    empty, blank, started = load_rows(path)
+    assert empty["prompt"] == blank["prompt"] == user and prefill(empty["prompt"]) is None
+    assert format_prompt(empty["prompt"], tok) == tok.apply_chat_template(user, tokenize=False,
+                                                                          add_generation_prompt=True)
+    assert prefill(started["prompt"]) == "The answer is"
+    path.write_text(json.dumps({"prompt": [{"role": "system", "content": "s"}, {"role": "assistant", "content": ""}]}))
+    with pytest.raises(DataError, match="only system messages"):
+        load_rows(path)

@@ -301,6 +301,8 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
         if kind == "chat":
             new["prompt"] = [_message(m, f"{source}: row {i}, column {prompt_column!r}, message {j}")
                              for j, m in enumerate(prompt)]
+            if _empty_last_turn(new["prompt"]):  # a placeholder for the answer: the generation prompt
+                new["prompt"] = new["prompt"][:-1]
             if all(m.get("role") in ("system", "developer") for m in new["prompt"]):
                 raise DataError(f"{source}: row {i}, column {prompt_column!r}: the conversation has only system "
                                 f"messages; a prompt needs a user (or assistant) turn")
@@ -310,6 +312,17 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
                             f"Parquet or a saved dataset; a CSV cell can only hold text)")
         out.append(new)
     return out
+
+
+def _empty_last_turn(messages: list[dict]) -> bool:
+    """Whether a conversation ends with an assistant turn that holds nothing (content empty or
+    whitespace, no tool calls), a common placeholder for "answer here". It is dropped, so the
+    prompt ends with the template's generation prompt: continued as a turn (`prefill`), it would
+    render without the header's separator under templates that trim content (Llama 3 lost the
+    "\n\n" after its header, Gemma the "\n"), a prompt the model never sees when it is used."""
+    last = messages[-1] if messages else {}
+    return (len(messages) > 1 and last.get("role") == "assistant" and not last.get("tool_calls")
+            and isinstance(last.get("content"), str) and not last["content"].strip())
 
 
 def _looks_like_messages(text: str) -> bool:

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 
 from gspo.config import ConfigError, ModelConfig
 from gspo.models.modes import eval_mode, generation_mode, set_trainer_mode  # noqa: F401  (part of this package's API)
+from gspo.models.sources import ModelError, check_source  # noqa: F401  (part of this package's API)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -29,14 +30,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-# "org/name" or "name": what the Hub accepts as a repository id.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-
-
-class ModelError(ValueError):
-    """A policy could not be loaded (bad path, offline without a cache, unsupported dtype…)."""
-
-
 def resolve_device(device: str | torch.device = ModelConfig.device) -> torch.device:
     """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else is passed to torch. A
     name torch does not know, or an accelerator this torch cannot reach, is one `ConfigError`
@@ -72,48 +65,6 @@ def _resolve_dtype(dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-# the files one of which a saved tokenizer has (fast, sentencepiece, byte-level BPE, tiktoken)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model", "tokenizer.tiktoken")
-
-
-def _check_source(name_or_path: str) -> None:
-    """Fail before any download attempt when `name_or_path` is a missing local path, or a
-    local folder that is not a model: a gspo run directory, one of its checkpoints, or a LoRA
-    adapter folder, each named with where the model is."""
-    if os.path.isdir(name_or_path):
-        d = Path(name_or_path)
-        if (d / "config.json").is_file():
-            if not any((d / f).is_file() for f in TOKENIZER_FILES):
-                raise ModelError(f"model path {name_or_path!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, "
-                                 f"...): save the tokenizer beside the model (tokenizer.save_pretrained on the same "
-                                 f"folder)")
-            return
-        if (d / "adapter_config.json").is_file():
-            return  # a LoRA adapter (a TRL/Trainer checkpoint-N too): `load_policy` loads its base, merges it in
-        if (d / "checkpoints").is_dir() or (d / "metrics.jsonl").is_file():
-            final = any((d / "final" / f).is_file() for f in ("config.json", "adapter_config.json"))
-            where = (f"its model is {d / 'final'}" if final else
-                     "it has no final/ yet: finish the run (resume=auto), which writes final/")
-            raise ModelError(f"model path {name_or_path!r} is a gspo run directory, not a model folder; {where}")
-        if (d / "trainer_state.json").is_file() or (d / "COMPLETE").is_file():
-            raise ModelError(f"model path {name_or_path!r} is a gspo training checkpoint, not a model folder; the "
-                             f"model of a run is its final/ (a stopped run writes it when resumed to its end)")
-        raise ModelError(f"model path {name_or_path!r} has no config.json: not a model folder "
-                         f"(save_pretrained writes one)")
-    if os.path.exists(name_or_path):
-        raise ModelError(f"model path {name_or_path!r} is a file; expected a model directory")
-    looks_local = (
-        name_or_path.startswith(("/", ".", "~"))
-        or "\\" in name_or_path
-        or not _HUB_ID.match(name_or_path)
-    )
-    if looks_local:
-        raise ModelError(
-            f"model path {name_or_path!r} does not exist (and is not a Hugging Face Hub id)"
-        )
-
-
 def load_policy(
     name_or_path: str | os.PathLike,
     *,
@@ -142,7 +93,7 @@ def load_policy(
     name = os.fspath(name_or_path)
     if name.startswith("~"):
         name = os.path.expanduser(name)
-    _check_source(name)
+    check_source(name)
     if _is_adapter(name):
         return _load_adapter(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     torch_dtype = _resolve_dtype(dtype)
@@ -195,7 +146,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     name = os.fspath(name_or_path)
     if name.startswith("~"):
         name = os.path.expanduser(name)
-    _check_source(name)
+    check_source(name)
     if _is_adapter(name):
         base = _adapter_base(name)
         if not any(Path(name, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
