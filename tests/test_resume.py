@@ -233,6 +233,23 @@ def test_a_reward_that_raises_keeps_the_rollouts_before_it_and_resume_is_exact(t
     assert sampled_prompts(tmp_path / "run") == sampled_prompts(straight)
 
 
+def test_a_reward_that_raises_in_the_held_out_evaluation_keeps_that_rollout(tmp_path, straight):
+    """The reward raises in the evaluation after rollout 3 (call 5; checkpoint.every=0): rollout 3's
+    update is kept, its metrics logged without the evaluation's, and resume=auto trains on to the
+    uninterrupted run's weights. It used to stop with every rollout since the start lost."""
+    env = failing_reward_env(_env(), tmp_path, 5)
+    common = ["train", *TINY, f"output.dir={tmp_path}", "output.name=run", "checkpoint.every=0", FAILING_REWARD]
+    p = gspo(common, env=env, timeout=300)
+    assert p.returncode != 0 and "the reward service is down" in p.stderr
+    assert "held-out evaluation after rollout 3 failed; saved the state after that rollout" in p.stderr
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout"] for r in lines if "loss" in r][-1] == 3 and "eval/accuracy" not in lines[-1]
+    assert gspo([*common, "resume=auto"], env=env, timeout=300).returncode == 0
+    (m1, o1), (m2, o2) = final_state(tmp_path / "run"), final_state(straight)
+    assert all(torch.equal(m1[k], m2[k]) for k in m2)
+    assert all(torch.equal(v, o2["state"][pid][k]) for pid, st in o1["state"].items() for k, v in st.items())
+
+
 def test_corrupt_checkpoints_are_skipped_or_fatal(tmp_path):
     gspo_train(tmp_path, "run", "schedule.rollouts=3", faults="exit_after_rollout=2", check=False)
     ck = tmp_path / "run" / "checkpoints"

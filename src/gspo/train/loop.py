@@ -33,7 +33,7 @@ from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
 from gspo.train.plan import Minibatch, Plan, any_process, build_plan
 from gspo.rollout import Rollout, chunk_seed
 from gspo.train.produce import (ScoredRollout, TrainingError, produce,  # noqa: F401
-                                produce_or_save, sample_and_score, score)  # (some re-exported)
+                                evaluate_or_save, produce_or_save, sample_and_score, score)  # (some re-exported)
 from gspo.train.resume import check_base_weights
 from gspo.train.run import Run, build_run, push_weights
 from gspo.train.step_metrics import (add_micro_metrics, log_step, mismatch_metrics, mismatch_over_parts,
@@ -444,10 +444,15 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 else:
                     state.prompts = run.prompts.state_dict()
                 due = cfg.eval.every and state.rollout % cfg.eval.every == 0
-                eval_metrics = evaluate_run(run, state.rollout) if cfg.eval.enabled and (due or state.rollout == total) else {}
+
+                def log(eval_metrics: dict) -> None:
+                    log_step(run, sinks, console, state, scored, steps, {**info, "time/step": time.perf_counter() - t_step},
+                             eval_metrics)
+
+                eval_metrics = evaluate_or_save(run, state, log) if cfg.eval.enabled and (due or state.rollout == total) \
+                    else {}
                 try:
-                    log_step(run, sinks, console, state, scored, steps,         # 3. log
-                             {**info, "time/step": time.perf_counter() - t_step}, eval_metrics)
+                    log(eval_metrics)                                            # 3. log
                 except BaseException:  # a tracker or the console failed after the update (rich's
                     # SystemExit on a broken pipe too): keep the update
                     if not d.enabled:  # (one process alone: a save is collective under torchrun)

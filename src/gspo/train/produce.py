@@ -176,3 +176,35 @@ def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
     if run.dist.is_main:
         print(f"saved the state after rollout {state.rollout} in {path} before stopping; resume with resume=auto",
               file=sys.stderr)
+
+
+def evaluate_or_save(run: Run, state: TrainerState, log) -> dict:
+    """The held-out metrics after a rollout (`evaluate_run`). If the evaluation raises (a reward
+    that raised or ran past its deadline on held-out prompts), the rollout is kept all the same:
+    its own metrics are logged without the evaluation's (`log(eval_metrics)`), its state is saved,
+    and the run stops; resume=auto goes on from the next rollout (that evaluation is not redone).
+    It used to stop with every update since the last checkpoint lost, the whole run at the final
+    evaluation with checkpoint.every=0. Under torchrun every process learns whether one failed, and
+    all save together."""
+    from gspo.train.evaluate import evaluate_run
+
+    fault, failed, metrics = None, False, {}
+    try:
+        metrics = evaluate_run(run, state.rollout)
+    except async_job.GeneratorError:  # nothing can be collected from a generator that is gone
+        raise
+    except Exception as e:
+        fault, failed = e, True
+    if run.dist.enabled:
+        failed = bool(any_process(failed, run.dist.all_reduce))
+    if not failed:
+        return metrics
+    log({})
+    path = run_state.save_run(run, state)
+    if run.dist.is_main:
+        print(f"the held-out evaluation after rollout {state.rollout} failed; saved the state after that rollout in "
+              f"{path} before stopping; resume with resume=auto (that evaluation is not redone)", file=sys.stderr)
+    if fault is not None:
+        raise fault
+    raise TrainingError(f"another process failed in the held-out evaluation after rollout {state.rollout} (its error "
+                        f"is in its own output); this process stopped with it")
