@@ -28,13 +28,14 @@ def _fields_help() -> str:
 
 
 def cmd_train(args) -> int:
-    from gspo.config import load_config
+    from gspo.config import check_run_config, load_config
     from gspo.train import train
 
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         config, overrides = None, [config, *overrides]  # no config file, only overrides
     cfg = load_config(config, overrides)
+    check_run_config(config, cfg, overrides)  # a copied or moved run's own config.yaml
     run_dir = train(cfg)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
         print(f"run directory: {run_dir}")

@@ -161,6 +161,24 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     return cfg
 
 
+def check_run_config(path: str | os.PathLike | None, cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:
+    """A run's own config.yaml, read from a run directory other than the one its output.dir and
+    output.name name (the folder was copied or moved): `gspo train` would go on with, or write
+    over, the run where it was first written. One error naming both and the overrides for the
+    copy, unless output.dir or output.name is given on the command line."""
+    if path is None or Path(path).name != "config.yaml" or \
+            any(o.split("=", 1)[0].strip() in ("output.dir", "output.name") for o in overrides):
+        return
+    here = Path(path).resolve().parent
+    if not ((here / "metrics.jsonl").is_file() or (here / "checkpoints").is_dir()):
+        return  # not a run directory
+    if here != cfg.run_dir.resolve():
+        raise ConfigError(f"config file {path} is the config of the run in {here}, but its output.dir and output.name "
+                          f"name {cfg.run_dir} (where the run was first written: the folder was copied or moved); to "
+                          f"go on with the run in {here}, add output.dir={here.parent} output.name={here.name}; for the "
+                          f"other, name {cfg.run_dir / 'config.yaml'}")
+
+
 # Opt-ins to running code that gspo does not control: only the YAML booleans turn them on or off
 # (OmegaConf would read 1, 2, "on" or "True" as true).
 STRICT_OPT_INS = ("rewards.allow_code_execution", "model.trust_remote_code")

@@ -212,6 +212,8 @@ def validate(cfg: Config) -> None:
            f"{' | '.join(TRACKER_NAMES)}, or none, or all (each alone)")
     _check(len(set(names)) == len(names), "logging.report_to", "names a tracker twice")
     _check(bool(cfg.logging.project), "logging.project", "must not be empty")
+    for name in ("completions_every", "table_every", "table_rows"):  # (0 = never / none)
+        _check(getattr(cfg.logging, name) >= 0, f"logging.{name}", f"must be >= 0, got {getattr(cfg.logging, name)}")
     c = cfg.checkpoint
     _check(c.every >= 0, "checkpoint.every", "must be >= 0")
     _check(c.every_minutes >= 0, "checkpoint.every_minutes", "must be >= 0")

@@ -128,6 +128,19 @@ def _read_parquet(path: Path) -> list[dict]:
 
 
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def _read_file(path: Path) -> list[dict]:
+    """The rows of one data file, by its format (`_READERS`); a gzipped one that is cut short or
+    not gzip at all is one error naming the file (gzip's EOFError or BadGzipFile before)."""
+    import gzip
+    import zlib
+
+    try:
+        return _READERS[_kind(path)](path)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: cannot read it as gzip ({e}): the file is cut short, or not gzip-compressed "
+                        f"(name it without .gz)") from e
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
 # shard numbering: train-00000-of-00002(-<hash>), train_0, train.00
 _SHARD = re.compile(r"(?:[-_.]\d+[-_]of[-_]\d+(?:[-_][0-9a-f]{6,})?|[-_.]\d+)$")
@@ -225,7 +238,7 @@ def _read_data_folder(path: Path, split: str | None, split_field: str, held_out:
     if len(configs) > 1:
         raise DataError(f"{path}: holds several datasets in its folders ({', '.join(configs)}); name one of those "
                         f"folders in {split_field.replace('split', 'source')}")
-    return [row for f in chosen for row in _READERS[_kind(f)](f)]
+    return [row for f in chosen for row in _read_file(f)]
 
 
 def _read_saved_dataset(path: Path, split: str | None, split_field: str = "data.split",
@@ -378,7 +391,9 @@ def load_rows(
     path = Path(source)
     if not path.exists():
         hint = ""
-        if len(Path(str(source)).parts) == 2 and not _kind(path):  # owner/name: a hub id
+        if any(c in str(source) for c in "*?["):
+            hint = "; a pattern (glob) is not expanded: put the files in one folder and name the folder"
+        elif len(Path(str(source)).parts) == 2 and not _kind(path):  # owner/name: a hub id
             hint = ("; a hub dataset id is not downloaded: save the dataset with datasets' save_to_disk (or as a "
                     ".jsonl or .parquet file) and name that")
         raise DataError(f"{field}: dataset path {str(path)!r} does not exist (a relative path is looked for in the "
@@ -390,7 +405,7 @@ def load_rows(
         if split is not None:
             raise DataError(f"{split_field}={split!r}: {path} is a single file with no splits; leave {split_field} "
                             f"unset, or name the split's own file in {field}")
-        rows = _READERS[_kind(path)](path)
+        rows = _read_file(path)
     else:
         raise DataError(
             f"{field}: cannot read {str(path)!r}: expected a .jsonl, .json, .csv or .parquet file (the first three "

@@ -147,6 +147,8 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
         print(f"warning: run directory {run_dir} already holds files no gspo run wrote ({', '.join(foreign[:4])}"
               f"{', ...' if len(foreign) > 4 else ''}); the run writes its own beside them (output.dir / output.name "
               "choose another directory)", file=sys.stderr)
+    if resume_from is None and not restart and str(cfg.resume).strip().lower() == "auto" and d.is_main:
+        print(f"resume=auto: no run in {run_dir} yet, so a new one starts at rollout 0", file=sys.stderr)
     d.barrier()  # every rank has looked at the run directory before rank 0 writes to it
     if restart:
         if d.is_main:
