@@ -50,3 +50,16 @@ def test_negative_logging_counts_are_refused_naming_the_field(field):
     with pytest.raises(ConfigError, match=rf"config field '{field}': must be >= 0, got -1"):
         load_config(None, [f"{field}=-1"])
     load_config(None, [f"{field}=0"])
+
+
+def test_a_users_own_config_beside_a_checkpoints_folder_is_not_taken_for_a_run(tmp_path, monkeypatch):
+    """A project folder with its own config.yaml (relative output.dir) beside checkpoints/ or a
+    metrics.jsonl of its own is not a copied run: nothing is asked."""
+    from gspo.config import check_run_config, load_config
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step-1")
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "config.yaml").write_text("output: {dir: runs, name: mine}\n")
+    monkeypatch.chdir(tmp_path)
+    check_run_config(tmp_path / "config.yaml", load_config(tmp_path / "config.yaml"), [])

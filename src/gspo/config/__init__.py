@@ -170,8 +170,11 @@ def check_run_config(path: str | os.PathLike | None, cfg: Config, overrides: lis
             any(o.split("=", 1)[0].strip() in ("output.dir", "output.name") for o in overrides):
         return
     here = Path(path).resolve().parent
-    if not ((here / "metrics.jsonl").is_file() or (here / "checkpoints").is_dir()):
+    if not ((here / "metrics.jsonl").is_file() or (here / "checkpoints" / "latest").is_file()):
         return  # not a run directory
+    out = OmegaConf.load(path).get("output") or {}
+    if not (isinstance(out.get("dir"), str) and os.path.isabs(out["dir"]) and out.get("name")):
+        return  # not the config a run wrote (its output.dir is absolute): a user's own, beside other files
     if here != cfg.run_dir.resolve():
         raise ConfigError(f"config file {path} is the config of the run in {here}, but its output.dir and output.name "
                           f"name {cfg.run_dir} (where the run was first written: the folder was copied or moved); to "
