@@ -69,11 +69,13 @@ def test_a_resume_on_edited_data_is_refused_unless_asked_and_an_older_checkpoint
     _write(data, EDITED)
     capsys.readouterr()
     assert main(["train", *run, "schedule.rollouts=2", "resume=auto"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "extends it" not in out  # (it used to say the run goes on, just before refusing it)
     assert f"gspo train: error: config field 'data.source' ({data}): the data changed since the checkpoint" in err
     assert not (tmp_path / "run" / "checkpoints" / "step-2").exists()
     assert main(["train", *run, "schedule.rollouts=2", "resume=auto", "data.resume_on_changed=true"]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "finished at rollout 1; schedule.rollouts=2 extends it" in out
     assert "the rows changed since the checkpoint" in err and "settings that differ" not in err
     assert (tmp_path / "run" / "checkpoints" / "step-2").is_dir()
 

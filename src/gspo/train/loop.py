@@ -390,12 +390,8 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
             state = TrainerState(**run_state.restore_run(run, run.resume_from))
             check_base_weights(cfg, state.base_weights, run.base_weights)
             inflight = load_inflight(run.resume_from, d.rank) if run.remote is not None else {}
-            if state.finished and state.rollout < total:  # schedule.rollouts raised: train on from the last rollout
-                state.finished = False
-                if d.is_main:
-                    print(f"run {run_dir} finished at rollout {state.rollout}; schedule.rollouts={total} extends it"
-                          + (" (the cosine learning-rate schedule is stretched over the new total)"
-                             if cfg.schedule.lr_schedule == "cosine" else ""))
+            extended = state.finished and state.rollout < total  # schedule.rollouts raised: on from the last rollout
+            state.finished = state.finished and not extended
             if state.finished:
                 if d.broadcast_object(not (run_dir / "final").is_dir()):  # killed while writing final/
                     run_state.save_final(run)
@@ -411,6 +407,10 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 print(f"warning: data.source {cfg.data.source}: the rows changed since the checkpoint (as many as "
                       "before); data.resume_on_changed=true goes on over them from the saved position",
                       file=sys.stderr)
+            if d.is_main and extended:  # (said once the resume is sure to go on)
+                print(f"run {run_dir} finished at rollout {state.rollout}; schedule.rollouts={total} extends it"
+                      + (" (the cosine learning-rate schedule is stretched over the new total)"
+                         if cfg.schedule.lr_schedule == "cosine" else ""))
             if d.is_main:
                 (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the settings it goes on with
                 truncate_metrics(run_dir / "metrics.jsonl", state.step)
