@@ -145,10 +145,22 @@ def produce_or_save(run: Run, state: TrainerState, rng: dict | None) -> ScoredRo
     Under torchrun every process learns whether any one failed (one all-reduce a rollout; with
     dynamic sampling, one a round, `dynamic.draw_rounds`), so all of them save their part
     together and stop, instead of waiting in the next collective for a process that has gone."""
-    scored, fault, failed = None, None, False
+    scored, fault, failed = _on_every_process(run, lambda: produce(run, state))
+    if not failed:
+        return scored
+    if rng is not None:
+        save_before_fault(run, state, rng)
+    _stop(fault, f"while rollout {state.rollout + 1} was produced")
+
+
+def _on_every_process(run: Run, call):
+    """`call()`, and whether it failed on any process (one all-reduce under torchrun): (its value
+    or None, this process's exception or None, failed anywhere). A generator that is gone stops at
+    once: the rollouts in flight cannot be collected, and the last checkpoint stands."""
+    value, fault, failed = None, None, False
     try:
-        scored = produce(run, state)
-    except async_job.GeneratorError:  # the rollouts in flight cannot be collected: the last checkpoint stands
+        value = call()
+    except async_job.GeneratorError:
         raise
     except dynamic.ProcessFailed:  # another process raised in a round of dynamic sampling
         failed = True
@@ -156,14 +168,15 @@ def produce_or_save(run: Run, state: TrainerState, rng: dict | None) -> ScoredRo
         fault, failed = e, True
     if run.dist.enabled:
         failed = bool(any_process(failed, run.dist.all_reduce))
-    if not failed:
-        return scored
-    if rng is not None:
-        save_before_fault(run, state, rng)
+    return value, fault, failed
+
+
+def _stop(fault: Exception | None, when: str):
+    """Stop the run: with this process's own exception, or, where another process failed, saying so."""
     if fault is not None:
         raise fault
-    raise TrainingError(f"another process failed while rollout {state.rollout + 1} was produced "
-                        f"(its error is in its own output); this process stopped with it")
+    raise TrainingError(f"another process failed {when} (its error is in its own output); this process stopped "
+                        f"with it")
 
 
 def save_before_fault(run: Run, state: TrainerState, rng: dict) -> None:
@@ -188,15 +201,7 @@ def evaluate_or_save(run: Run, state: TrainerState, log) -> dict:
     all save together."""
     from gspo.train.evaluate import evaluate_run
 
-    fault, failed, metrics = None, False, {}
-    try:
-        metrics = evaluate_run(run, state.rollout)
-    except async_job.GeneratorError:  # nothing can be collected from a generator that is gone
-        raise
-    except Exception as e:
-        fault, failed = e, True
-    if run.dist.enabled:
-        failed = bool(any_process(failed, run.dist.all_reduce))
+    metrics, fault, failed = _on_every_process(run, lambda: evaluate_run(run, state.rollout))
     if not failed:
         return metrics
     log({})
@@ -204,7 +209,4 @@ def evaluate_or_save(run: Run, state: TrainerState, log) -> dict:
     if run.dist.is_main:
         print(f"the held-out evaluation after rollout {state.rollout} failed; saved the state after that rollout in "
               f"{path} before stopping; resume with resume=auto (that evaluation is not redone)", file=sys.stderr)
-    if fault is not None:
-        raise fault
-    raise TrainingError(f"another process failed in the held-out evaluation after rollout {state.rollout} (its error "
-                        f"is in its own output); this process stopped with it")
+    _stop(fault, f"in the held-out evaluation after rollout {state.rollout}")
