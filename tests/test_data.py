@@ -236,7 +236,7 @@ def test_a_json_object_and_a_short_csv_row_are_refused_saying_what_they_are(tmp_
     (tmp_path / "row.json").write_text(json.dumps({"conversation": [{"role": "user", "content": "x"}], "tests": [{}]}))
     assert load_rows(tmp_path / "row.json", prompt_column="conversation")[0]["tests"] == [{}]
     (tmp_path / "short.csv").write_text("prompt,answer,level\n1+1=,2,1\n2+2=,4\n")
-    with pytest.raises(DataError, match="row 3 has fewer cells than the header has columns"):
+    with pytest.raises(DataError, match=r"row 1 \(line 3\) has fewer cells than the header has columns"):
         load_rows(tmp_path / "short.csv")
 
 
@@ -256,8 +256,8 @@ def test_json_arrays_json_lines_and_csv_are_read(tmp_path):
     (tmp_path / "bad.json").write_text('[{"prompt": "x"}, 3]')
     with pytest.raises(DataError, match=r"bad\.json: item 1 of the array is a int"):
         load_rows(tmp_path / "bad.json")
-    (tmp_path / "wide.csv").write_text("prompt\nx,y\n")
-    with pytest.raises(DataError, match=r"wide\.csv: row 2 has more cells"):
+    (tmp_path / "wide.csv").write_text("prompt\nx,y\n")  # (row 0, as the content errors number it: records from 0)
+    with pytest.raises(DataError, match=r"wide\.csv: row 0 \(line 2\) has more cells"):
         load_rows(tmp_path / "wide.csv")
 
 

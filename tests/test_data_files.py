@@ -39,3 +39,18 @@ def test_a_glob_is_said_to_be_unexpanded(tmp_path):
     with pytest.raises(DataError, match="a pattern \\(glob\\) is not expanded: put the files in one folder"):
         load_rows(tmp_path / "part*.jsonl")
     assert len(load_rows(tmp_path)) == 2  # the folder, as it says
+
+
+def test_data_errors_number_rows_from_0_and_name_the_line_they_start_on(tmp_path):
+    """Content errors counted rows from 0 past blank lines, CSV cell errors by file line: the
+    numbers disagreed and neither led to the record. Each now says both (row from 0, file line)."""
+    ok = json.dumps({"prompt": "1+1=", "answer": "2"})
+    (tmp_path / "gaps.jsonl").write_text(f"{ok}\n\n{ok}\n\n" + json.dumps({"prompt": ""}) + "\n")
+    with pytest.raises(DataError, match=r"gaps\.jsonl: row 2 \(line 5\), column 'prompt'"):
+        load_rows(tmp_path / "gaps.jsonl")
+    (tmp_path / "multi.csv").write_text('prompt,answer\n"two\nlines",1\n,2\n')  # a quoted newline in row 0
+    with pytest.raises(DataError, match=r"multi\.csv: row 1 \(line 4\), column 'prompt'"):
+        load_rows(tmp_path / "multi.csv")
+    (tmp_path / "short.csv").write_text('prompt,answer\n"two\nlines",1\nx\n')
+    with pytest.raises(DataError, match=r"short\.csv: row 1 \(line 4\) has fewer cells"):
+        load_rows(tmp_path / "short.csv")

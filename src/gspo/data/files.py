@@ -51,8 +51,23 @@ def _kind(path: Path) -> str:
     return Path(name).suffix
 
 
+class _Rows(list):
+    """A file's rows, and the line each starts on (`lines`), which data errors name beside the
+    row's number (rows count from 0, as datasets and pandas index them)."""
+
+    def __init__(self, rows, lines):
+        super().__init__(rows)
+        self.lines = list(lines)
+
+
+def _at(rows, i: int) -> str:
+    """Row `i` as errors name it: with its file line where the file has lines."""
+    lines = getattr(rows, "lines", None)
+    return f"row {i} (line {lines[i]})" if lines is not None and i < len(lines) else f"row {i}"
+
+
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
+    rows, lines = [], []
     with _open(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
@@ -69,7 +84,8 @@ def _read_jsonl(path: Path) -> list[dict]:
             if not isinstance(row, dict):
                 raise DataError(f"{path}: line {lineno} is a {type(row).__name__}, not a JSON object")
             rows.append(row)
-    return rows
+            lines.append(lineno)
+    return _Rows(rows, lines)
 
 
 def _read_json(path: Path) -> list[dict]:
@@ -104,18 +120,23 @@ def _read_csv(path: Path) -> list[dict]:
     """A `.csv` file with a header row; every value is text, as the file holds it."""
     import csv
 
+    rows, ends = [], []  # each record, and the file line it ends on
     try:
         with _open(path, "r", newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            for row in reader:
+                rows.append(row)
+                ends.append(reader.line_num)
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 (byte at offset {e.start}); re-save it as UTF-8") from e
     except csv.Error as e:
         raise DataError(f"{path}: cannot read as CSV ({e})") from e
+    rows = _Rows(rows, [1 + (ends[i - 1] if i else 1) for i in range(len(rows))])  # the line each record starts on
     for i, row in enumerate(rows):
         if None in row:  # more cells than the header names
-            raise DataError(f"{path}: row {i + 2} has more cells than the header has columns")
+            raise DataError(f"{path}: {_at(rows, i)} has more cells than the header has columns")
         if any(v is None for v in row.values()):  # fewer (an empty cell is "", not None)
-            raise DataError(f"{path}: row {i + 2} has fewer cells than the header has columns")
+            raise DataError(f"{path}: {_at(rows, i)} has fewer cells than the header has columns")
     return rows
 
 
@@ -289,38 +310,38 @@ def validate_rows(rows: Sequence[dict], *, source: str, prompt_column: str = Dat
         if prompt_column not in row:
             found = sorted({k for r in rows for k in r})
             raise DataError(
-                f"{source}: row {i} has no prompt column {prompt_column!r}; columns found: {found} "
+                f"{source}: {_at(rows, i)} has no prompt column {prompt_column!r}; columns found: {found} "
                 f"(data.prompt_column names the column that holds the prompts)"
             )
         prompt = row[prompt_column]
         kind = _prompt_kind(prompt)
         if kind is None:
             raise DataError(
-                f"{source}: row {i}, column {prompt_column!r}: a prompt must be a non-empty string "
+                f"{source}: {_at(rows, i)}, column {prompt_column!r}: a prompt must be a non-empty string "
                 f"or a non-empty list of {{'role', 'content'}} messages, got {str(prompt)[:100]!r}"
             )
         if first_kind is None:
             first_kind = kind
         elif kind != first_kind:
             raise DataError(
-                f"{source}: row {i}, column {prompt_column!r} is a {kind} prompt but row 0 is a "
+                f"{source}: {_at(rows, i)}, column {prompt_column!r} is a {kind} prompt but row 0 is a "
                 f"{first_kind} prompt; a dataset must not mix plain-text and chat prompts"
             )
         new = {("prompt" if k == prompt_column else k): v for k, v in row.items()}
         clash = sorted({"prompts", "completions"} & new.keys())
         if clash:
-            raise DataError(f"{source}: row {i} has a column {clash[0]!r}, which reward functions receive as "
+            raise DataError(f"{source}: {_at(rows, i)} has a column {clash[0]!r}, which reward functions receive as "
                             f"their own argument (fn(prompts, completions, **columns)); rename the column")
         if kind == "chat":
-            new["prompt"] = [_message(m, f"{source}: row {i}, column {prompt_column!r}, message {j}")
+            new["prompt"] = [_message(m, f"{source}: {_at(rows, i)}, column {prompt_column!r}, message {j}")
                              for j, m in enumerate(prompt)]
             if _empty_last_turn(new["prompt"]):  # a placeholder for the answer: the generation prompt
                 new["prompt"] = new["prompt"][:-1]
             if all(m.get("role") in ("system", "developer") for m in new["prompt"]):
-                raise DataError(f"{source}: row {i}, column {prompt_column!r}: the conversation has only system "
+                raise DataError(f"{source}: {_at(rows, i)}, column {prompt_column!r}: the conversation has only system "
                                 f"messages; a prompt needs a user (or assistant) turn")
         elif _looks_like_messages(prompt):
-            raise DataError(f"{source}: row {i}, column {prompt_column!r} is text that holds a JSON list of chat "
+            raise DataError(f"{source}: {_at(rows, i)}, column {prompt_column!r} is text that holds a JSON list of chat "
                             f"messages, which would be trained on as plain text; store the list itself (JSONL, "
                             f"Parquet or a saved dataset; a CSV cell can only hold text)")
         out.append(new)
