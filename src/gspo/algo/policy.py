@@ -254,6 +254,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             log-ratios log w_t over valid tokens (all levels), which reduce over micro-batches and
             processes as token means; the trainer logs their variance, ratio/token_log_var.
         completion/len_mean: mean |y_i| over all B sequences.  loss: the returned value.
+        count/tokens, count/sequences: the valid tokens and non-empty sequences the token and
+            sequence means are over (what a trainer weights them by to combine forwards).
     """
     eps_low, eps_high, aggregation = validate_algo(level, eps_low, eps_high, aggregation, max_len,
                                                    max_log_ratio=max_log_ratio, objective=objective,
@@ -388,5 +390,7 @@ def _metrics(loss, high, low, tok_lr, seq_ratio, mask, lengths, max_log_ratio):
         lengths.sum().double() / lengths.numel(),
         lr_valid.sum() / n_tok,
         lr_valid.square().sum() / n_tok,
+        lengths.sum(),
+        torch.count_nonzero(nonempty),
     )]).tolist()  # one device sync for all metrics
-    return dict(zip(("loss", *ROW_METRICS), values))
+    return dict(zip(("loss", *ROW_METRICS, "count/tokens", "count/sequences"), values))

@@ -281,8 +281,7 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
             loss = loss * float("nan")
         (loss * micro.weight).backward()
         loss_total += loss.item() * micro.weight
-        n_tok, n_seq = torch.stack([torch.count_nonzero(mask), torch.count_nonzero(mask.any(-1))]).tolist()
-        add_micro_metrics(sums, m, n_tok, micro.num_rows, n_seq)  # (means over what the mask left)
+        add_micro_metrics(sums, m, int(m["count/tokens"]), micro.num_rows, int(m["count/sequences"]))
     if not mb.micro:  # no row of the minibatch had signal anywhere: its gradient is exactly zero
         for p in run.trainer.parameters():
             if p.requires_grad and p.grad is None:

@@ -62,7 +62,7 @@ def add_micro_metrics(sums: dict, m: dict, n_tok: int, n_rows: int, n_seq: int |
     for k, n in zip(_COUNTS, (n_tok, n_seq, n_rows)):
         sums[k] = sums.get(k, 0) + n
     for k, v in m.items():
-        if k == "loss":  # (the weighted loss is summed by the caller)
+        if k == "loss" or k in _COUNTS:  # (the weighted loss is summed by the caller)
             continue
         have = sums.get(k, math.nan) == sums.get(k, math.nan)  # (NaN: nothing counted yet)
         if not n_rows or (k.endswith(("_min", "_max")) and not n_seq):  # (a ratio min / max over no sequence)
