@@ -25,7 +25,7 @@ def test_a_gzipped_data_file_cut_short_or_not_gzip_is_one_error_naming_it(tmp_pa
     cut.write_bytes(whole[:30])
     plain.write_text(text)
     for bad in (cut, plain):
-        with pytest.raises(DataError, match=rf"{bad.name}: cannot read it as gzip .*cut short, or not gzip"):
+        with pytest.raises(DataError, match=rf"{bad.name}: cannot read it as gzip .*cut short, corrupt"):
             load_rows(bad)
     capsys.readouterr()
     assert main(["train", f"data.source={cut}", "schedule.rollouts=1", f"output.dir={tmp_path}"]) == 2

@@ -48,3 +48,17 @@ def test_a_sentencepiece_model_alone_needs_the_package_that_reads_it(saved, tmp_
         load_policy(folder, device="cpu")
     shutil.copy(src / "tokenizer.json", folder / "tokenizer.json")
     sources.check_vocabulary(folder)  # a fast tokenizer beside it: nothing asked
+
+
+def test_a_tiktoken_vocabulary_named_dot_model_is_not_taken_for_sentencepiece(saved, tmp_path, monkeypatch):
+    """Kimi's and GLM-4's tiktoken vocabularies are named tiktoken.model / tokenizer.model: lines of
+    base64 and a rank, not a SentencePiece protobuf. No package is asked for (they were refused)."""
+    import importlib.util
+
+    from gspo.models import sources
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda n, *a: None if n == "sentencepiece" else real(n, *a))
+    folder = _copy(Path(saved("llama")), tmp_path / "kimi", "tokenizer_config.json")
+    (folder / "tiktoken.model").write_text("IQ== 0\nIg== 1\n")
+    sources.check_vocabulary(folder)

@@ -56,3 +56,20 @@ def test_a_rope_model_run_past_its_trained_length_is_warned_of_at_start_up(tmp_p
     assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "2", "--max-new-tokens", str(max_new),
                  "data.max_prompt_tokens=16"]) == 0
     assert ("past the 32 positions" in capsys.readouterr().err) == warned
+
+
+def test_a_context_extending_rope_scaling_counts_in_the_trained_length():
+    """Qwen2.5's YaRN x4 over 32768 positions handles 131072 (it was warned of at 69632); dynamic
+    NTK x4 over 4096, 16384; Llama 3.1's table already holds its extended length."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    from gspo.train.prompts import trained_length
+
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert trained_length(Qwen2Config(max_position_embeddings=32768, rope_scaling=yarn)) == 131072
+    assert trained_length(LlamaConfig(max_position_embeddings=4096, rope_scaling={"rope_type": "dynamic",
+                                                                                  "factor": 4.0})) == 16384
+    llama31 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert trained_length(LlamaConfig(max_position_embeddings=131072, rope_scaling=llama31)) == 131072
+    assert trained_length(LlamaConfig(max_position_embeddings=4096)) == 4096

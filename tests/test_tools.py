@@ -100,6 +100,10 @@ def test_hermes_calls_drafted_inside_the_reasoning_are_not_calls():
     assert parse_hermes(f"<think>I will {call('add', a=9, b=9)}") == []  # out of tokens while thinking
     assert parse_hermes(f"{call('add', a=1, b=1)} <think>then") == [ToolCall("add", {"a": 1, "b": 1})]
     assert parse_hermes("<think></think>" + call("add", a=1, b=2)) == [ToolCall("add", {"a": 1, "b": 2})]
+    # a second block is reasoning too; a <think> inside a call's arguments, in a turn without reasoning, is text
+    assert parse_hermes(f"<think>a</think>{call('add', a=1, b=1)}<think>{call('add', a=9, b=9)}</think>") == \
+        [ToolCall("add", {"a": 1, "b": 1})]
+    assert parse_hermes(call("echo", text="<think>")) == [ToolCall("echo", {"text": "<think>"})]
 
 
 def test_llama3_json_calls_are_the_whole_turn_and_broken_ones_say_why():

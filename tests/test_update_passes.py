@@ -243,3 +243,16 @@ def test_mis_at_the_token_level_is_icepops_token_mean():
     assert loss.item() == pytest.approx(-(by_hand * keep).sum().item() / mask.sum().item(), rel=1e-6)
     _, m_seq = algo.apply_keep(w, keep, mask, "sequence")
     assert torch.equal(m_seq, mask & keep)
+
+
+def test_a_step_with_every_row_skipped_logs_the_mismatch_keys_as_null(tmp_path):
+    """Every group has equal rewards (a random model scores 0 on arithmetic): no row runs, and the
+    correction's keys are null, as clip/* and ratio/* are (they were left out of such steps)."""
+    import json
+
+    rc, run_dir = run(tmp_path, "eval.enabled=false", "rollout.old_logp=trainer", "algo.mismatch_correction=mis",
+                      "schedule.rollouts=1")
+    assert rc == 0
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert steps and all(s["rows/skipped_frac"] == 1.0 for s in steps)
+    assert all("mismatch_is/masked_frac" in s and s["mismatch_is/masked_frac"] is None for s in steps)

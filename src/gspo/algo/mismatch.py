@@ -122,10 +122,12 @@ def apply_keep(weights: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor, le
     - "token" (GRPO, SAPO, CISPO): a dropped token is a weight of 0 and stays in the count, as
       IcePop writes it (1 / sum_i |y_i| over every token) and TRL masks. Then a minibatch's
       token-mean is the same however it is cut into forwards, whose counts are known before
-      their pi_old is (the first minibatch's pi_old is its own forward).
+      their pi_old is (the first minibatch's pi_old is its own forward). The KL and entropy terms,
+      and the metrics, still take every loss token, as TRL's masking leaves them.
     - "sequence", "sequence_token" (GSPO, GSPO-token, GMPO, LUSPO): a dropped token leaves the
       sequence's ratio s_i and its length |y_i| (`mask & keep`); a sequence left with no token
-      adds 0 and still counts in the mean over sequences, so no cut changes that mean either."""
+      adds 0 and still counts in the mean over sequences, so no cut changes that mean either. The
+      KL and entropy terms take the same mask."""
     if level == "token":
         return weights * keep.to(weights.dtype), mask
     return weights, mask & keep

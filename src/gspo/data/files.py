@@ -160,8 +160,8 @@ def _read_file(path: Path) -> list[dict]:
     try:
         return _READERS[_kind(path)](path)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{path}: cannot read it as gzip ({e}): the file is cut short, or not gzip-compressed "
-                        f"(name it without .gz)") from e
+        raise DataError(f"{path}: cannot read it as gzip ({e}): the file is cut short, corrupt, has bytes after "
+                        f"its gzip data, or is not gzip-compressed (then name it without .gz)") from e
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
 # shard numbering: train-00000-of-00002(-<hash>), train_0, train.00
 _SHARD = re.compile(r"(?:[-_.]\d+[-_]of[-_]\d+(?:[-_][0-9a-f]{6,})?|[-_.]\d+)$")

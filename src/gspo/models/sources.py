@@ -34,10 +34,18 @@ def check_vocabulary(d: Path) -> None:
         raise ModelError(f"model path {str(d)!r} has tokenizer_config.json but no vocabulary beside it "
                          f"(tokenizer.json, tokenizer.model, vocab.json + merges.txt, ...): copy the tokenizer's "
                          f"files whole, or save it with tokenizer.save_pretrained on the same folder")
-    if all(f.endswith(".model") for f in have) and importlib.util.find_spec("sentencepiece") is None:
+    if all(f.endswith(".model") for f in have) and _sentencepiece(d / have[0]) \
+            and importlib.util.find_spec("sentencepiece") is None:
         raise ModelError(f"model path {str(d)!r}: its tokenizer is a SentencePiece model only ({have[0]}, no "
                          f"tokenizer.json), which needs the sentencepiece package: pip install sentencepiece (or "
                          f"save a fast tokenizer's tokenizer.json beside it)")
+
+
+def _sentencepiece(path: Path) -> bool:
+    """Whether a `.model` file is a SentencePiece model (a protobuf, whose first field's tag is
+    0x0a), not a tiktoken vocabulary under that name (Kimi's, GLM-4's: lines of base64 and a rank)."""
+    with path.open("rb") as f:
+        return f.read(1) == b"\x0a"
 
 
 def check_source(name_or_path: str) -> None:

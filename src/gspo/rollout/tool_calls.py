@@ -64,16 +64,23 @@ def _json_call(obj) -> ToolCall:
     return ToolCall(obj["name"], args)
 
 
+_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
 def after_thinking(text: str) -> str:
     """What a turn says after its reasoning, as vLLM's reasoning parsers split it before a tool
-    parser reads the turn: the text after the first ``</think>`` (whether the turn opened with
-    ``<think>`` or its prompt did, as DeepSeek-R1's templates do), and with a ``<think>`` never
-    closed, the text before it (the model ran out of tokens thinking). A call the model drafts
-    while it thinks is not a call."""
-    head, closed, tail = text.partition("</think>")
-    if closed:
-        return tail
-    return text.partition("<think>")[0]
+    parser reads the turn: a turn that opens with ``<think>`` (Qwen3) says what follows its
+    ``</think>``, and nothing if it never closes it (the model ran out of tokens thinking); one
+    whose first ``</think>`` comes before any ``<think>`` (its prompt opened the reasoning, as
+    DeepSeek-R1's templates do) says what follows that; any later whole ``<think>…</think>``
+    block is reasoning too. A call the model drafts while it thinks is not a call; a ``<think>``
+    inside a call's arguments, in a turn that did not open with one, is left as written. (A
+    prompt-opened reasoning the model never closes cannot be told from a plain turn.)"""
+    if text.lstrip().startswith("<think>"):
+        text = text.partition("</think>")[2]
+    elif "</think>" in text and "<think>" not in text.partition("</think>")[0]:
+        text = text.partition("</think>")[2]
+    return _THINKING.sub("", text)
 
 
 def parse_hermes(text: str) -> list[ToolCall]:

@@ -295,6 +295,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         sums.setdefault("entropy/mean", math.nan)
     metrics = reduce_minibatch_metrics(run.dist, sums, loss_total, sum(m.tokens for m in mb.micro),
                                        sum(m.num_rows for m in mb.micro))
+    if a.mismatch_correction in ("tis", "mis") and not corr:  # no row ran: the keys, null, as clip/* are
+        corr = {"_units": 0, **dict.fromkeys(algo.MISMATCH_METRICS, math.nan)}
     if corr:  # means over the correction's units (tokens, or sequences) of every forward and rank
         corr = run.dist.reduce_metrics(corr, sums=tuple(k for k in corr if not k.endswith(("_max", "_min"))))
         units = corr.pop("_units")

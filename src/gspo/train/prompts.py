@@ -119,20 +119,34 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
     return cap, why
 
 
+def trained_length(config) -> int | None:
+    """The longest sequence a RoPE model's config says it handles: max_position_embeddings, or
+    with a context-extending RoPE scaling (YaRN, dynamic NTK, linear, ...: `rope_scaling` or
+    transformers 5's `rope_parameters` with a `factor`) its original length times the factor,
+    where that is more (Qwen2.5's YaRN x4 over 32768 positions: 131072). None where it says nothing."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if isinstance(factor, (int, float)) and factor > 1:
+        n = max(n, int((scaling.get("original_max_position_embeddings") or n) * factor))
+    return n
+
+
 def model_prompt_cap(cfg: Config, model, *, say: bool = True) -> tuple[int, str]:
     """`prompt_cap` under the loaded `model`'s positions: a learned table's hard limit
     (`gspo.models.position_limit`). With relative positions (RoPE) a sequence may run past the
-    length the model was trained for, max_position_embeddings: a warning (`say`) where the longest
-    prompt kept plus the completion budget would."""
+    length the model was trained for (`trained_length`): a warning (`say`) where
+    data.max_prompt_tokens plus the completion budget would."""
     from gspo.models import position_limit
 
     limit = position_limit(model)
     cap = prompt_cap(cfg, limit)
-    config = getattr(model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    trained = getattr(config, "max_position_embeddings", None)
+    trained = trained_length(getattr(model, "config", None))
     budget, field = completion_budget(cfg)
-    if say and limit is None and isinstance(trained, int) and 0 < trained < cap[0] + budget:
+    if say and limit is None and trained and trained < cap[0] + budget:
         print(f"warning: prompts of up to {cap[0]} tokens ({cap[1]}) and {field}={budget} run to {cap[0] + budget} "
               f"tokens, past the {trained} positions {cfg.model.name_or_path} was trained for "
               f"(max_position_embeddings): lower data.max_prompt_tokens or {field.split(' ')[0]} to keep within it",

@@ -204,7 +204,9 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
     a = run.cfg.algo  # a KL, entropy or router term still moves the weights: only the policy term is gone
     term = ("the policy-gradient term has no gradient (the KL / entropy / router-loss terms still act)"
             if a.kl_coef > 0 or a.entropy_coef > 0 or a.router_aux_loss_coef > 0 else "the loss has no gradient")
-    if all_cut and metrics.get("adv/frac_zero_std", 0.0) < 1.0:
+    if all_cut and metrics.get("adv/frac_zero_std", 0.0) < 1.0:  # (the KL and entropy terms use the same mask)
+        term = ("the loss has no gradient but the router-loss term's" if a.router_aux_loss_coef > 0
+                else "the loss has no gradient")
         print(f"rollout {rollout}: every completion ran to rollout.max_new_tokens, and algo.mask_truncated=true leaves "
               f"them all out of the loss ({sum(recent)} of the last {len(recent)} rollouts with no signal): {term}. "
               "Raise rollout.max_new_tokens, or set algo.mask_truncated=false.", file=sys.stderr, flush=True)
