@@ -140,3 +140,20 @@ def test_the_layers_of_docs_architecture_hold():
                 if None not in (src, dst) and dst > src and (module, node.module) not in allowed:
                     down.append(f"{module} -> {node.module}")
     assert not down, down
+
+
+def test_the_readmes_python_runs_as_written(tmp_path, monkeypatch):
+    """Each ```python block of the README, in a fresh working directory, with the small settings
+    the commands get added to its load_config (`SHRINK`)."""
+    import gspo.config
+
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    assert blocks
+    real = gspo.config.load_config
+    monkeypatch.setattr(gspo.config, "load_config",
+                        lambda path=None, overrides=(), **kw: real(path, [*overrides, *SHRINK["gspo train"]], **kw))
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        scope: dict = {}
+        exec(compile(code, "README.md", "exec"), scope)
+        assert (scope["run_dir"] / "final").is_dir() and scope["run_dir"] == tmp_path / "runs" / "from-python"

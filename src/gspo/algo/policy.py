@@ -71,6 +71,10 @@ def validate_algo(level: str, eps_low: float | None, eps_high: float | None, agg
         for name, v in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
             if v is not None:
                 raise ValueError(f"{name} is only used by objective='sapo', but objective is {objective!r}")
+        for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
+            if v is None:  # (the config fills them in; a call of its own names them)
+                where = f"OBJECTIVE_CLIP[{objective!r}]" if objective in ("gmpo", "cispo") else f"PAPER_CLIP[{level!r}]"
+                raise ValueError(f"{name} must be given (no default here: the paper's value is gspo.config.{where})")
         if objective == "gmpo":
             eps_low = _check_number("eps_low", eps_low, low=0.0, allow_inf=True)
         elif objective == "cispo":  # a weight's floor of 1 - eps_low: 0 at most, never negative

@@ -112,12 +112,16 @@ def _number(v) -> bool:
         return False
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
+def load_config(path: str | os.PathLike | dict | None = None, overrides: list[str] | tuple[str, ...] = (),
                 base: Config | None = None) -> Config:
-    """Defaults <- YAML file <- `key=value` overrides, type-checked, then `validate`d."""
+    """Defaults <- YAML file (or a dict of its sections) <- `key=value` overrides, type-checked,
+    then `validate`d."""
     schema = OmegaConf.structured(base or Config())
     layers = []
-    if path is not None:
+    if isinstance(path, dict):  # the file's layer, given in Python
+        layers.append(OmegaConf.create(path))
+        path = None
+    elif path is not None:
         p = Path(path)
         if p.is_dir():
             raise ConfigError(f"config file {p} is a folder: give a YAML config file (a model folder is "
@@ -159,6 +163,49 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     fill_clip(cfg)
     validate(cfg)
     return cfg
+
+
+_TAKES = {  # what a path field takes, and how to get there from a Python object
+    "model.name_or_path": "a model folder or hub id: save the model and its tokenizer with save_pretrained on one "
+                          "folder and name it",
+    "data.source": "a file or folder: save the rows (datasets' Dataset.to_json('rows.jsonl') or save_to_disk, or a "
+                   ".jsonl you write) and name it",
+    "data.eval_source": "a file or folder: save the rows (datasets' Dataset.to_json('rows.jsonl') or save_to_disk, "
+                        "or a .jsonl you write) and name it",
+}
+
+
+def checked_config(cfg) -> Config:
+    """A Config built or edited in Python, checked as `load_config` checks a file: the path fields
+    hold paths, rewards.functions holds entries (not Python functions), every other field the
+    schema's type (converted as from YAML), and `validate`'s rules. One ConfigError naming the
+    field; returns the checked copy (`gspo.train.train` runs on it)."""
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"train() takes a gspo.config.Config (gspo.config.load_config(path or dict of sections, "
+                          f"overrides)), got a {type(cfg).__name__}")
+    for name, takes in _TAKES.items():
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"config field '{name}': takes {takes} (got a {type(value).__name__})")
+    for i, f in enumerate(cfg.rewards.functions):
+        if not isinstance(f, (RewardFunctionConfig, dict)):
+            raise ConfigError(f"config field 'rewards.functions': item {i} is a {type(f).__name__}; each is "
+                              f"{{name: ..., weight: ..., kwargs: ...}}, its name a built-in, 'module:function' or "
+                              f"'path/file.py:function': put a Python function in a module or file and name it there")
+    try:
+        entry, functions = OmegaConf.structured(RewardFunctionConfig), []
+        for i, f in enumerate(cfg.rewards.functions):  # ({name: ...} as a dict, as YAML gives it)
+            try:
+                functions.append(OmegaConf.to_object(OmegaConf.merge(entry, f)) if isinstance(f, dict) else f)
+            except OmegaConfBaseException as e:
+                raise ConfigError(f"config field 'rewards.functions', item {i}: {_friendly(e)}") from None
+        cfg = dataclasses.replace(cfg, rewards=dataclasses.replace(cfg.rewards, functions=functions))
+        out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.structured(cfg)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_friendly(e)) from None
+    validate(out)
+    return out
 
 
 def check_run_config(path: str | os.PathLike | None, cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:

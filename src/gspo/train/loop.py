@@ -26,7 +26,7 @@ from gspo.train import async_job, checkpoint, run_state
 from gspo.train.stops import Interrupted, StopRequest, kept_note, peer_lost  # noqa: F401  (Interrupted: the CLI's)
 from gspo.train.async_wire import load_inflight
 from gspo.train import faults
-from gspo.config import Config, objective_args, to_yaml
+from gspo.config import Config, checked_config, objective_args, to_yaml
 from gspo.models.logprobs import can_share_prompt, share_min_saved
 from gspo.train.evaluate import evaluate_run
 from gspo.report.sinks import Console, JsonlWriter, Sinks, truncate_metrics
@@ -372,7 +372,12 @@ def weights_finite(run: Run) -> bool:
 
 
 def train(cfg: Config, *, run: Run | None = None) -> Path:
-    """Run GSPO as configured; returns the run directory (with `final/` in HF format)."""
+    """Run GSPO as configured; returns the run directory (with `final/` in HF format). A run that a
+    signal stopped (Ctrl-C, SIGTERM) returns it after saving, without final/: resume=auto goes on.
+    `cfg` built or edited in Python is checked as a config file is (`checked_config`), and a copy
+    of it is what the run takes."""
+    if run is None:
+        cfg = checked_config(cfg)
     if async_job.is_generator_rank(cfg):  # torchrun, rollout.mode=async: this rank samples
         from gspo.train.async_generator import serve
 

@@ -163,6 +163,7 @@ class Run:
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
     reward_failures: int = 0                         # tolerated reward failures since the last warning
     reward_failures_warned: float = -math.inf        # the rollout of the last such warning
+    threads_before: int = 0                          # torch's CPU threads before the run, as `close` leaves them
 
     @property
     def device(self) -> torch.device:
@@ -180,6 +181,8 @@ class Run:
         if self.routes is not None:
             self.routes.close()
         distributed.shutdown(self.dist)
+        if self.threads_before:  # (a caller's own setting, in a process that goes on)
+            torch.set_num_threads(self.threads_before)
 
 
 def policy_state(trainer_state: dict) -> dict:
@@ -313,7 +316,17 @@ def fitted_rows(cfg: Config, rows: list[dict], eval_rows: list[dict], tok, schem
 
 
 def build_run(cfg: Config) -> Run:
-    """Validate inputs cheapest-first, then load the model and build the step's objects."""
+    """Validate inputs cheapest-first, then load the model and build the step's objects (torch's
+    CPU threads are the run's until `Run.close`, or a failure here, sets the caller's back)."""
+    threads_before = torch.get_num_threads()
+    try:
+        return _build_run(cfg, threads_before)
+    except BaseException:
+        torch.set_num_threads(threads_before)
+        raise
+
+
+def _build_run(cfg: Config, threads_before: int) -> Run:
     setup_threads(cfg.threads)
     asynchronous = cfg.rollout.mode == "async"
     store = None
@@ -436,7 +449,8 @@ def build_run(cfg: Config) -> Run:
                    scheduler=scheduler, chat=chat, old_logp=old_logp,
                    routes=routes if routes and routes.active else None,
                    resume_from=resume_from, remote=remote, reference=reference, base_weights=base_weights, lock=lock,
-                   tools=episode_tools(cfg, tools))  # (async: the generators play the episodes; these serve eval)
+                   tools=episode_tools(cfg, tools),  # (async: the generators play the episodes; these serve eval)
+                   threads_before=threads_before)
     except BaseException:  # a run that never started leaves no directory of its own behind
         release_run_dir(lock)
         if made and d.is_main:

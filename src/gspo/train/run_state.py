@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -103,6 +104,22 @@ def _in_final_dtype(run, model, trained: torch.dtype | None):
     return model
 
 
+@contextmanager
+def _progress_bars(on: bool):
+    """transformers' progress bars (save_pretrained's "Writing model shards") only where the
+    console is on (logging.console), and as they were afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not on:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not on:
+            hf_logging.enable_progress_bar()
+
+
 def save_final(run) -> Path:
     """Rank 0 writes final/ in Hugging Face format: the model (LoRA merged in) and the
     tokenizer; with LoRA also the adapters alone in final/adapter. It is written beside, as
@@ -123,8 +140,8 @@ def save_final(run) -> Path:
                 if run.cfg.lora.merge_final:
                     model = _merged(run, model)
             model = _in_final_dtype(run, model, trained)
-            with as_brought(run.tokenizer, model):  # the user's pad token and padding side, not gspo's
-                model.save_pretrained(part, safe_serialization=True)
+            with as_brought(run.tokenizer, model), _progress_bars(run.cfg.logging.console):  # the user's pad and
+                model.save_pretrained(part, safe_serialization=True)  # padding side; transformers' bar as the console
                 run.tokenizer.save_pretrained(part)
         except Exception as e:  # a full disk, a lost mount: the finished checkpoint is whole
             shutil.rmtree(part, ignore_errors=True)
