@@ -176,6 +176,7 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
     steps_total = warmup + rollouts * repeats
     with tempfile.TemporaryDirectory(prefix="gspo-bench-step-") as tmp:
         cfg, run, t_build = build(config, overrides, threads=threads, steps=steps_total, out_dir=tmp)
+        run_threads = torch.get_num_threads()  # (the run's: it gives the process's back when it closes)
         state = train.TrainerState()
         records = []
         try:
@@ -209,7 +210,7 @@ def measure(config: str | None, overrides: list[str], *, threads: int, warmup: i
         "hidden": cfg.tiny.hidden_size if cfg.model.name_or_path == "tiny" else None,
         "layers": cfg.tiny.num_layers if cfg.model.name_or_path == "tiny" else None,
         "model": cfg.model.name_or_path,
-        "threads": torch.get_num_threads(),
+        "threads": run_threads,
         "omp_wait_policy": _OMP_AT_START,
         "build_s": t_build,
         # during the timed steps, in cores: this process, every other process, hypervisor steal

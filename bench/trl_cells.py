@@ -84,6 +84,7 @@ def run_gspo(spec: dict) -> dict:
         cfg = load_config(None, _gspo_overrides(spec, total, tmp))
         cfg.rewards.functions[0].name = "trl_compare:bench_reward"
         run = build_run(cfg)  # gspo's own thread default (setup_threads, threads_for_model)
+        threads = torch.get_num_threads()  # (the run's: it gives the process's back when it closes)
         t_setup = time.perf_counter() - t0
         gen = run.generator.generate
 
@@ -102,7 +103,7 @@ def run_gspo(spec: dict) -> dict:
                 if marks.prof:
                     marks.prof.disable()  # (already off unless the run failed)
         n_params = sum(p.numel() for p in run.policy.parameters())
-    return _cell_result("gspo", spec, marks, snaps, tokens, t_setup, n_params, torch.get_num_threads())
+    return _cell_result("gspo", spec, marks, snaps, tokens, t_setup, n_params, threads)
 
 
 def run_gspo_async(spec: dict) -> dict:

@@ -122,7 +122,14 @@ WORKLOADS["g-dense-64r-p8-t32-v32k"] = dict(TINY_D, B=8, G=8, T=32, filler=32000
 WORKLOADS["g-moe-64r-p8-t32-v32k"] = dict(TINY_M, B=8, G=8, T=32, filler=32000)
 # Long completions (256 tokens, EOS rare): the decode's attention and cache grow with every step.
 WORKLOADS["g-dense-32r-p8-t256"] = dict(TINY_D, B=4, G=8, T=256)
-SCHEDULE.update({n: (1, 3, 3) for n in WORKLOADS if n.startswith("g-")})
+# Off the grid (2026-12-07): shapes no earlier run measured, to check that the edge holds away from
+# the grid's: a deep narrow model (per-layer call overhead), the smallest group (G = 2, nothing to
+# share), a large one (G = 32 of 2 prompts), and prefill-heavy rows (~500-token prompts, 8 new tokens).
+WORKLOADS["x-deep-64r-p8-t32"] = dict(hidden=64, layers=8, heads=4, kv_heads=2, inter=128, moe=False, B=8, G=8, T=32)
+WORKLOADS["x-g2-128r-p8-t32"] = dict(TINY_D, B=64, G=2, T=32)
+WORKLOADS["x-g32-64r-p8-t32"] = dict(TINY_D, B=2, G=32, T=32)
+WORKLOADS["x-moe-32r-p500-t8"] = dict(TINY_M, B=4, G=8, T=8, prefix=494)
+SCHEDULE.update({n: (1, 3, 3) for n in WORKLOADS if n.startswith(("g-", "x-"))})
 QUICK = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, moe=False, B=4, G=4, T=8)
 M = 4  # optimizer steps (minibatches) per rollout
 LR = 1e-5

@@ -492,8 +492,8 @@ def test_a_full_disk_while_writing_final_is_one_stop_message_and_no_partial_fold
             (Path(path) / "model.safetensors").write_bytes(b"half")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    run = SimpleNamespace(cfg=SimpleNamespace(run_dir=tmp_path, lora=SimpleNamespace(enabled=False),
-                                              output=SimpleNamespace(final_dtype="auto")),
+    run = SimpleNamespace(cfg=SimpleNamespace(run_dir=tmp_path, lora=SimpleNamespace(enabled=False), logging=SimpleNamespace(
+                              console=False), output=SimpleNamespace(final_dtype="auto")),
                           generator_model=FullDisk(), policy=None, remote=None, dist=Dist(), tokenizer=None)
     with pytest.raises(CheckpointError, match=r"could not write .*final: OSError: .*\(disk full\?\); .*resume=auto"):
         save_final(run)
