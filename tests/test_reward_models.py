@@ -132,7 +132,7 @@ def test_reward_model_batched_scores_equal_one_by_one(chat_rm, plain_rm):
             assert load_scorer(name, {**kw, "batch_size": bs})(PROMPTS, COMPLETIONS) == pytest.approx(one, abs=1e-5)
 
 
-def test_a_row_longer_than_the_models_positions_keeps_its_last_tokens(tmp_path):
+def test_a_row_longer_than_the_models_positions_keeps_its_last_tokens(tmp_path, capsys):
     """GPT-2 has a position table: a row past it was an IndexError at the first rollout."""
     tok = build_tokenizer("gpt2")
     torch.manual_seed(2)
@@ -141,18 +141,36 @@ def test_a_row_longer_than_the_models_positions_keeps_its_last_tokens(tmp_path):
     path = _save(tmp_path / "short-rm", T.GPT2ForSequenceClassification(config), tok)
     rm = load_scorer(f"model:{path}", {"batch_size": 2})
     prompts, completions = ["a long prompt " * 6, "hi"], ["and its completion " * 3, " there"]
-    with pytest.warns(UserWarning, match=r"longer than the reward model's 16 positions; such rows keep their last 16"):
-        got = rm(prompts, completions)
+    got = rm(prompts, completions)
+    assert "longer than the reward model's 16 positions; such rows keep their leading special tokens and then their " \
+           "last tokens" in capsys.readouterr().err
     _, ref = _reference(path)
     for value, p, c in zip(got, prompts, completions):
         ids = tok(p + c)["input_ids"][-16:]
         with torch.no_grad():
             assert value == pytest.approx(ref(input_ids=torch.tensor([ids])).logits[0, 0].item(), abs=1e-5)
-    import warnings
+    assert rm(prompts, completions) == pytest.approx(got, abs=1e-6)
+    assert "longer than" not in capsys.readouterr().err  # said once
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once
-        assert rm(prompts, completions) == pytest.approx(got, abs=1e-6)
+
+def test_a_cut_row_keeps_the_cls_token_an_encoder_pools(tmp_path):
+    """A BERT reward model pools its first position: a row past its 16 positions kept its last 16
+    tokens, [CLS] cut, and was scored on whatever word sat first. [CLS] stays, then the row's end."""
+    words = [f"w{i}" for i in range(40)]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tok = T.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    torch.manual_seed(3)
+    config = T.BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16, num_labels=1)
+    path = _save(tmp_path / "bert-rm", T.BertForSequenceClassification(config), tok)
+    prompt, completion = " ".join(words[:12]), " " + " ".join(words[12:20])
+    got = load_scorer(f"model:{path}", {})([prompt], [completion])
+    ids = tok(prompt + completion)["input_ids"]
+    assert ids[0] == tok.cls_token_id and len(ids) > 16
+    ref = T.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([[ids[0], *ids[-15:]]])).logits[0, 0].item()
+    assert got[0] == pytest.approx(want, abs=1e-5)
 
 
 def test_without_a_chat_template_the_texts_are_concatenated_and_label_picks_the_logit(chat_rm, plain_rm):
@@ -333,3 +351,14 @@ def test_a_reward_model_path_in_a_config_file_is_found_beside_it(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     names = [f.name for f in load_config(cfg_file).rewards.functions]
     assert names == [f"model:{(tmp_path / 'exp' / 'rm').resolve()}", "judge:org/judge-7b"]
+
+
+def test_a_judge_regex_with_alternatives_reads_the_group_that_matched():
+    """`(\\d+)/10|score=(\\d+)` on "7/10" read its first group, and "score=7" scored None."""
+    import re
+
+    from gspo.rewards.models import parse_score
+
+    rx = re.compile(r"score=(\d+)|(\d+)/10")
+    assert parse_score("7/10", rx, 0, 10) == 7.0 and parse_score("score=3", rx, 0, 10) == 3.0
+    assert parse_score("none", rx, 0, 10) is None and parse_score("9", re.compile(r"\d"), 0, 10) == 9.0

@@ -38,8 +38,8 @@ import math
 import numbers
 import os
 import re
+import sys
 import time
-import warnings
 from typing import Any, Sequence
 
 from gspo.rewards.errors import RewardConfigError
@@ -106,13 +106,14 @@ def fill_template(template: str, prompt: Any, completion: Any) -> str:
 
 
 def parse_score(text: str, regex: re.Pattern, min_score: float, max_score: float) -> float | None:
-    """The judge's score in `text`: the first match of `regex` (its first group, if it has one)
-    as a float; None when nothing matches, it is no number, or it lies outside the range."""
+    """The judge's score in `text`: the first match of `regex` (its first group that matched, if
+    it has groups: `([0-9]+)/10|score=([0-9]+)` reads either) as a float; None when nothing matches,
+    it is no number, or it lies outside the range."""
     m = regex.search(text)
     if m is None:
         return None
     try:
-        value = float(m.group(1) if regex.groups else m.group(0))
+        value = float(next((g for g in m.groups() if g is not None), None) if regex.groups else m.group(0))
     except (TypeError, ValueError):
         return None
     return value if math.isfinite(value) and min_score <= value <= max_score else None
@@ -199,15 +200,24 @@ class RewardModel(ModelScorer):
         return self._truncate(ids)
 
     def _truncate(self, ids: list[list[int]]) -> list[list[int]]:
+        """Rows cut to `max_len`: their leading special tokens ([CLS], BOS, a template's first
+        marker), which an encoder pools or a decoder expects, then their last tokens."""
         if self.max_len is None or all(len(s) <= self.max_len for s in ids):
             return ids
         if not self._warned:
             self._warned = True
             longest = max(len(s) for s in ids)
-            warnings.warn(f"reward {self.name!r}: a prompt + completion of {longest} tokens is longer than the reward "
-                          f"model's {self.max_len} positions; such rows keep their last {self.max_len} tokens (the "
-                          f"start of the prompt is cut), here and from now on", stacklevel=2)
-        return [s[-self.max_len :] for s in ids]
+            print(f"warning: reward {self.name!r}: a prompt + completion of {longest} tokens is longer than the reward "
+                  f"model's {self.max_len} positions; such rows keep their leading special tokens and then their "
+                  f"last tokens (the start of the prompt is cut), here and from now on", file=sys.stderr)
+        special = set(getattr(self.tokenizer, "all_special_ids", ()))
+        out = []
+        for s in ids:
+            k = 0
+            while k < min(len(s), self.max_len // 2) and s[k] in special:
+                k += 1
+            out.append(s if len(s) <= self.max_len else s[:k] + s[len(s) - (self.max_len - k):])
+        return out
 
     def score_ids(self, ids):
         input_ids, mask = right_pad(ids, self.pad_id, self.device)              # (B, L)
