@@ -362,3 +362,18 @@ def test_a_judge_regex_with_alternatives_reads_the_group_that_matched():
     rx = re.compile(r"score=(\d+)|(\d+)/10")
     assert parse_score("7/10", rx, 0, 10) == 7.0 and parse_score("score=3", rx, 0, 10) == 3.0
     assert parse_score("none", rx, 0, 10) is None and parse_score("9", re.compile(r"\d"), 0, 10) == 9.0
+
+
+def test_a_judge_with_a_position_table_reads_what_fits_and_refuses_an_answer_that_cannot(tmp_path, capsys):
+    """A GPT-2 judge of 48 positions given a longer filled template stopped the run with an
+    IndexError after the first rollout; an answer budget past its positions is refused at load."""
+    tok = build_tokenizer("gpt2")
+    torch.manual_seed(4)
+    config = T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=48)
+    path = _save(tmp_path / "short-judge", T.GPT2LMHeadModel(config), tok)
+    with pytest.raises(RewardConfigError, match=r"kwargs.max_new_tokens=48 leaves no room .* 48 learned positions"):
+        load_scorer(f"judge:{path}", {"max_new_tokens": 48})
+    judge = load_scorer(f"judge:{path}", {"max_new_tokens": 8})
+    scores = judge(["a long prompt " * 20], ["and its completion " * 5])
+    assert scores == [None] or isinstance(scores[0], float)  # (a random judge: a score or none, no IndexError)
+    assert "is longer than the 40 positions the judge has beside its answer" in capsys.readouterr().err

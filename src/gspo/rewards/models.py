@@ -200,24 +200,7 @@ class RewardModel(ModelScorer):
         return self._truncate(ids)
 
     def _truncate(self, ids: list[list[int]]) -> list[list[int]]:
-        """Rows cut to `max_len`: their leading special tokens ([CLS], BOS, a template's first
-        marker), which an encoder pools or a decoder expects, then their last tokens."""
-        if self.max_len is None or all(len(s) <= self.max_len for s in ids):
-            return ids
-        if not self._warned:
-            self._warned = True
-            longest = max(len(s) for s in ids)
-            print(f"warning: reward {self.name!r}: a prompt + completion of {longest} tokens is longer than the reward "
-                  f"model's {self.max_len} positions; such rows keep their leading special tokens and then their "
-                  f"last tokens (the start of the prompt is cut), here and from now on", file=sys.stderr)
-        special = set(getattr(self.tokenizer, "all_special_ids", ()))
-        out = []
-        for s in ids:
-            k = 0
-            while k < min(len(s), self.max_len // 2) and s[k] in special:
-                k += 1
-            out.append(s if len(s) <= self.max_len else s[:k] + s[len(s) - (self.max_len - k):])
-        return out
+        return cut_rows(self, ids, self.max_len, "a prompt + completion", "reward model's {} positions")
 
     def score_ids(self, ids):
         input_ids, mask = right_pad(ids, self.pad_id, self.device)              # (B, L)
@@ -225,16 +208,45 @@ class RewardModel(ModelScorer):
         return logits[:, self.label].float().tolist()
 
 
+def cut_rows(scorer, ids: list[list[int]], max_len: int | None, what: str, room: str) -> list[list[int]]:
+    """Rows cut to `max_len` tokens: their leading special tokens ([CLS], BOS, a template's first
+    marker), which an encoder pools and a decoder expects, then their last tokens; the first
+    time a row is cut, a warning on stderr (`scorer._warned`)."""
+    if max_len is None or all(len(s) <= max_len for s in ids):
+        return ids
+    if not scorer._warned:
+        scorer._warned = True
+        print(f"warning: reward {scorer.name!r}: {what} of {max(len(s) for s in ids)} tokens is longer than the "
+              f"{room.format(max_len)}; such rows keep their leading special tokens and then their last tokens (the "
+              f"start of the prompt is cut), here and from now on", file=sys.stderr)
+    special = set(getattr(scorer.tokenizer, "all_special_ids", ()))
+    out = []
+    for s in ids:
+        k = 0
+        while k < min(len(s), max_len // 2) and s[k] in special:
+            k += 1
+        out.append(s if len(s) <= max_len else s[:k] + s[len(s) - (max_len - k):])
+    return out
+
+
 class Judge(ModelScorer):
-    """`judge:PATH`: a causal LM's greedy answer to the filled template, parsed for a score."""
+    """`judge:PATH`: a causal LM's greedy answer to the filled template, parsed for a score. A
+    judge with a learned position table (GPT-2's) reads at most its positions less
+    `max_new_tokens` of each filled template, cut as a reward model's rows are (`cut_rows`); an
+    answer budget that leaves no room is refused when it loads."""
 
     kind = "judge"
 
     def __init__(self, name, model, tokenizer, *, template: str, regex: re.Pattern, min_score: float,
                  max_score: float, max_new_tokens: int, **kw):
         super().__init__(name, model, tokenizer, **kw)
-        from gspo.models import eos_token_ids
+        from gspo.models import eos_token_ids, position_limit
 
+        limit = position_limit(model)
+        if limit is not None and max_new_tokens >= limit:
+            raise RewardConfigError(f"reward {name!r}: kwargs.max_new_tokens={max_new_tokens} leaves no room for the "
+                                    f"judge's prompt in its {limit} learned positions; set it below {limit}")
+        self.max_len, self._warned = (None if limit is None else limit - max_new_tokens), False
         self.template, self.regex, self.max_new_tokens = template, regex, max_new_tokens
         self.min_score, self.max_score = min_score, max_score
         self.eos = eos_token_ids(model, tokenizer)
@@ -247,7 +259,9 @@ class Judge(ModelScorer):
         texts = [fill_template(self.template, p, c) for p, c in zip(prompts, completions)]
         if self.chat:
             texts = [format_prompt([{"role": "user", "content": t}], self.tokenizer) for t in texts]
-        return encode_texts(self.tokenizer, texts)  # the tokenizer's BOS once, no trailing EOS
+        ids = encode_texts(self.tokenizer, texts)  # the tokenizer's BOS once, no trailing EOS
+        return cut_rows(self, ids, self.max_len, "a filled judge template",
+                        "{} positions the judge has beside its answer (kwargs.max_new_tokens)")
 
     def answers(self, ids: list[list[int]]) -> list[str]:
         """The judge's greedy answers (special tokens left out)."""
