@@ -52,3 +52,22 @@ def test_completions_are_written_on_rollout_1_and_every_n_and_the_help_says_so()
     assert not any(_completions_due(run, SimpleNamespace(rollout=r))[0] for r in range(1, 31))
     help_text = dict((name, text) for name, _, text in field_docs())["logging.completions_every"]
     assert "on rollout 1 and every N rollouts" in help_text
+
+
+def test_a_function_that_scores_nothing_beside_another_is_logged_and_said(tmp_path, capsys):
+    """A judge that never found a score, beside a function that did: every row's value was None,
+    yet reward/missing read 0 and nothing was said; the run trained on the other alone."""
+    import json
+
+    from gspo.cli import main
+    from test_train import TINY
+
+    (tmp_path / "silent.py").write_text("def never(prompts, completions, **kw):\n    return [None] * len(prompts)\n")
+    capsys.readouterr()
+    assert main(["train", *TINY, "schedule.rollouts=2", "eval.enabled=false", f"output.dir={tmp_path}",
+                 "output.name=run", "logging.no_signal_every=10",
+                 f"rewards.functions=[{{name: exact_answer}}, {{name: '{tmp_path / 'silent.py'}:never'}}]"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("reward function 'never' gave no value on any completion") == 1  # (once in 10 rollouts)
+    rec = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["reward/never/missing_frac"] == 1.0 and rec["reward/exact_answer/missing_frac"] == 0.0

@@ -399,6 +399,7 @@ class RewardRunner:
                 total += torch.where(v.isnan(), 0.0, weight * v)  # TRL's nansum
                 scored |= ~v.isnan()
             stats[f"reward/{name}/mean"] = v.nanmean().item()  # NaN when all are missing
+            stats[f"reward/{name}/missing_frac"] = v.isnan().double().mean().item()  # None (or skipped) rows
         if any(w != 0.0 for w in self.weights):
             total[~scored | failed] = math.nan
         rewards = total.float()

@@ -163,6 +163,7 @@ class Run:
     no_signal_warned: float = -math.inf              # the rollout of the last no-signal warning
     reward_failures: int = 0                         # tolerated reward failures since the last warning
     reward_failures_warned: float = -math.inf        # the rollout of the last such warning
+    silent_warned: float = -math.inf                 # ... and of the last about a function that scored nothing
     threads_before: int = 0                          # torch's CPU threads before the run, as `close` leaves them
 
     @property

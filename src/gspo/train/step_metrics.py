@@ -168,6 +168,7 @@ def log_step(run: Run, sinks: Sinks | None, console: Console, state: TrainerStat
     if d.is_main:
         _warn_reward_failures(run, state.rollout, scored.rewards.errors, common)
         _warn_no_signal(run, state.rollout, common)
+        _warn_silent_functions(run, state.rollout, common)
         _log_completions(run, console, sinks, state, scored.rollout.group_size, rows)
 
 
@@ -189,6 +190,24 @@ def _warn_reward_failures(run: Run, rollout: int, errors: list[str], metrics: di
     first = f" First: {errors[0]}" if errors else ""
     print(f"rollout {rollout}: {n} rewards failed {since}, {handled} (rewards.on_error={run.cfg.rewards.on_error}; "
           f"reward/errors and reward/timeouts count them).{first}", file=sys.stderr, flush=True)
+
+
+def _warn_silent_functions(run: Run, rollout: int, metrics: dict) -> None:
+    """Say so, on the first rollout it happens and then at most once in logging.no_signal_every
+    rollouts, when a reward function gave no value on any completion while another did: the run
+    trains on the others alone, which `reward/NAME/mean` (null) alone used to show."""
+    if math.isnan(metrics.get("reward/mean", math.nan)):
+        return  # no reward at all: `_warn_no_signal` says so
+    silent = [k[len("reward/"):-len("/missing_frac")] for k, v in metrics.items()
+              if k.startswith("reward/") and k.endswith("/missing_frac") and v >= 1.0]
+    every, last = run.cfg.logging.no_signal_every, run.silent_warned
+    if not silent or (last > -math.inf and (not every or rollout - last < every)):
+        return
+    run.silent_warned = rollout
+    print(f"rollout {rollout}: reward function{'s' if len(silent) > 1 else ''} {', '.join(map(repr, silent))} gave no "
+          "value on any completion (None on every row: a judge whose answers had no score its regex reads, or rows "
+          "without what the function reads; or failures rewards.on_error left out), so the rewards are the other "
+          "functions' alone (reward/NAME/missing_frac logs it).", file=sys.stderr, flush=True)
 
 
 def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
@@ -215,7 +234,8 @@ def _warn_no_signal(run: Run, rollout: int, metrics: dict) -> None:
         print(f"rollout {rollout}: every reward was missing ({sum(recent)} of the last {len(recent)} rollouts with no "
               "signal): the reward functions returned None, or failed and rewards.on_error left them out "
               f"(reward/errors, reward/timeouts); {term}. Check that the data has what they read "
-              "(an 'answer' column for exact_answer and math_verify).", file=sys.stderr, flush=True)
+              "(an 'answer' column for exact_answer and math_verify), and that a judge's answers hold a score its "
+              "kwargs.regex reads.", file=sys.stderr, flush=True)
         return
     print(f"rollout {rollout}: every group's rewards were equal ({sum(recent)} of the last {len(recent)} rollouts): "
           f"the advantages are all 0 and {term}. Check that the reward functions can tell the "
