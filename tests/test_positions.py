@@ -4,6 +4,8 @@ prompts are cut to; relative positions (RoPE) run past max_position_embeddings, 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gspo.cli import main
@@ -37,24 +39,28 @@ def test_a_learned_position_table_caps_prompt_and_completion_before_any_rollout(
     assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "4", "--max-new-tokens", "16"]) == 0
 
 
-@pytest.mark.parametrize("max_new,warned", [(4, False), (40, True)])
-def test_a_rope_model_run_past_its_trained_length_is_warned_of_at_start_up(tmp_path, saved, capsys, max_new, warned):
-    """Qwen3 saved with 32 positions: prompts of up to data.max_prompt_tokens=16 and 40 new tokens
-    could reach 56 tokens, past what it was trained for; RoPE runs there, so a warning naming both
-    fields, not an error (the run trains). Within the 32, nothing is said; `gspo eval` warns alike."""
+@pytest.mark.parametrize("max_new,max_prompt,warned", [(4, 16, False), (40, 16, True), (4, 64, False)])
+def test_a_rope_model_run_past_its_trained_length_is_warned_of_at_start_up(tmp_path, saved, capsys, max_new,
+                                                                            max_prompt, warned):
+    """Qwen3 saved with 32 positions: the longest arithmetic prompt (about 10 tokens) and 40 new
+    tokens run past what it was trained for; RoPE runs there, so a warning naming both fields, not
+    an error (the run trains). Within the 32, nothing is said, even where data.max_prompt_tokens
+    (64) alone would pass them: the prompts kept are what count. `gspo eval` says it alike."""
     model_dir = saved("qwen3", max_position_embeddings=32)
     capsys.readouterr()
-    args = [f"model.name_or_path={model_dir}", "data.source=arithmetic", "data.max_prompt_tokens=16",
+    args = [f"model.name_or_path={model_dir}", "data.source=arithmetic", f"data.max_prompt_tokens={max_prompt}",
             f"rollout.max_new_tokens={max_new}"]
     assert main(["train", *args, *SMALL[:2], "schedule.rollouts=1", "logging.console=false",
                  f"output.dir={tmp_path}", "output.name=run", "eval.enabled=false"]) == 0
     err = capsys.readouterr().err
-    said = ("past the 32 positions" in err and "data.max_prompt_tokens or rollout.max_new_tokens" in err
-            and f"run to {16 + max_new} tokens" in err)
-    assert said == warned, err
+    said = re.search(r"the longest prompt kept, (\d+) tokens, and rollout.max_new_tokens=(\d+) run to (\d+) tokens, "
+                     r"past the 32 positions .*lower data.max_prompt_tokens or rollout.max_new_tokens", err)
+    assert bool(said) == warned, err
+    if said:
+        assert int(said[1]) + int(said[2]) == int(said[3]) and int(said[1]) <= max_prompt
     assert [r for r in records(tmp_path / "run") if "loss" in r]
     assert main(["eval", str(model_dir), "arithmetic", "--num-prompts", "2", "--max-new-tokens", str(max_new),
-                 "data.max_prompt_tokens=16"]) == 0
+                 f"data.max_prompt_tokens={max_prompt}"]) == 0
     assert ("past the 32 positions" in capsys.readouterr().err) == warned
 
 

@@ -95,7 +95,7 @@ def cmd_eval(args) -> int:
                            limit=cfg.eval.num_prompts)  # as training does: the first that fit
     model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device,
                              trust_remote_code=cfg.model.trust_remote_code, tokenizer=tok)
-    cap = model_prompt_cap(cfg, model)
+    cap = model_prompt_cap(cfg, model, rows=rows, tok=tok, schemas=schemas)
     if cap != prompt_cap(cfg):  # a learned position table: prompt + completion must fit in it
         rows = fitting_prompts(cfg, every, tok, schemas, cap=cap, held=bool(held), notes=False,
                                limit=cfg.eval.num_prompts)

@@ -10,7 +10,7 @@ import re
 import sys
 
 from gspo.config import Config, ConfigError
-from gspo.data import DataError, filter_long_prompts, load_rows, prefill, template_kwargs
+from gspo.data import DataError, encode_texts, filter_long_prompts, format_prompt, load_rows, prefill, template_kwargs
 from gspo.data.files import held_out_split
 from gspo.rewards.shaping import length_limit
 from gspo.tasks import SAME_PROMPT_TASKS, TASKS, make_task
@@ -135,11 +135,13 @@ def trained_length(config) -> int | None:
     return n
 
 
-def model_prompt_cap(cfg: Config, model, *, say: bool = True) -> tuple[int, str]:
+def model_prompt_cap(cfg: Config, model, *, say: bool = True, rows: list[dict] = (), tok=None,
+                     schemas: list[dict] | None = None) -> tuple[int, str]:
     """`prompt_cap` under the loaded `model`'s positions: a learned table's hard limit
     (`gspo.models.position_limit`). With relative positions (RoPE) a sequence may run past the
-    length the model was trained for (`trained_length`): a warning (`say`) where
-    data.max_prompt_tokens plus the completion budget would."""
+    length the model was trained for (`trained_length`): a warning (`say`) where the longest of
+    the prompts kept (`rows`, counted with `tok` as the sampler counts them; with none given,
+    data.max_prompt_tokens) plus the completion budget would."""
     from gspo.models import position_limit
 
     limit = position_limit(model)
@@ -147,10 +149,14 @@ def model_prompt_cap(cfg: Config, model, *, say: bool = True) -> tuple[int, str]
     trained = trained_length(getattr(model, "config", None))
     budget, field = completion_budget(cfg)
     if say and limit is None and trained and trained < cap[0] + budget:
-        print(f"warning: prompts of up to {cap[0]} tokens ({cap[1]}) and {field}={budget} run to {cap[0] + budget} "
-              f"tokens, past the {trained} positions {cfg.model.name_or_path} was trained for "
-              f"(max_position_embeddings): lower data.max_prompt_tokens or {field.split(' ')[0]} to keep within it",
-              file=sys.stderr)
+        longest, which = cap[0], f"prompts of up to {cap[0]} tokens ({cap[1]})"
+        if rows and tok is not None:  # (counted only where the caps alone would pass it)
+            longest = max(len(x) for x in encode_texts(tok, [format_prompt(r["prompt"], tok, schemas) for r in rows]))
+            which = f"the longest prompt kept, {longest} tokens,"
+        if longest + budget > trained:
+            print(f"warning: {which} and {field}={budget} run to {longest + budget} tokens, past the {trained} "
+                  f"positions {cfg.model.name_or_path} was trained for (max_position_embeddings): lower "
+                  f"data.max_prompt_tokens or {field.split(' ')[0]} to keep within it", file=sys.stderr)
     return cap
 
 

@@ -377,7 +377,7 @@ def _build_run(cfg: Config, threads_before: int) -> Run:
                         "rollout.mixed_precision": cfg.rollout.mixed_precision}
             for line in half_precision_warnings(settings, d.device):
                 print(f"warning: {line}", file=sys.stderr)
-        cap = model_prompt_cap(cfg, model, say=d.is_main)  # learned positions: prompt + completion must fit
+        cap = model_prompt_cap(cfg, model, say=d.is_main, rows=[*rows, *eval_rows], tok=tok, schemas=schemas)
         if cap != prompt_cap(cfg):
             rows, eval_rows, dropped_held = fitted_rows(cfg, rows, held_out, tok, schemas, cap, say=d.is_main,
                                                         again=True)
