@@ -68,8 +68,8 @@ def test_full_fine_tuning_from_an_adapter_folder_trains_every_weight(adapter):
 
 def test_lora_on_an_adapter_folder_names_it_as_the_new_adapters_base(adapter, tmp_path):
     """The new adapters were trained on base + the user's adapter: their adapter_config.json names
-    the adapter folder (loaded recursively), so loaded the documented way they are the trained
-    model, not new adapters on the bare base."""
+    the adapter folder, which gspo loads as base + that adapter merged, so loaded the documented
+    ways they are the trained model, not new adapters on the bare base."""
     model, _ = policy(f"model.name_or_path={adapter}", "lora.enabled=true", "lora.r=4")
     torch.manual_seed(2)
     with torch.no_grad():
@@ -81,6 +81,12 @@ def test_lora_on_an_adapter_folder_names_it_as_the_new_adapters_base(adapter, tm
     trained = logp(model)
     got, _ = load_policy(tmp_path / "new", device="cpu")
     assert (logp(got) - trained).abs().max().item() < 1e-5
+    # outside gspo, peft stacks them only with the first merged (docs/scaling.md's recipe): loaded as
+    # AutoPeftModel loads it, the second adapter, also "default", replaced the first (0.49 off in a probe)
+    base = AutoModelForCausalLM.from_pretrained(json.loads((adapter / "adapter_config.json").read_text())
+                                                ["base_model_name_or_path"])
+    first = peft.PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    assert (logp(peft.PeftModel.from_pretrained(first, tmp_path / "new")) - trained).abs().max().item() < 1e-5
     # (the user's adapter did move the base: the bare base is another model)
     bare, _ = load_policy(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"],
                           device="cpu")
@@ -246,3 +252,15 @@ def test_a_pickled_bin_weights_file_is_one_error_and_its_code_never_runs(llama, 
     err = capsys.readouterr()
     assert "pickle holding more than tensors" in err.err and "Traceback" not in err.err, err.err[-1500:]
     assert "the pickle's code ran" not in err.out + err.err
+
+
+def test_a_lora_run_on_an_adapter_folder_says_how_its_adapters_load(adapter, tmp_path, capsys):
+    from gspo.cli import main
+
+    capsys.readouterr()
+    assert main(["train", f"model.name_or_path={adapter}", "lora.enabled=true", "data.source=arithmetic",
+                 "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+                 "schedule.rollouts=1", "schedule.num_minibatches=1", "eval.enabled=false",
+                 "logging.console=false", f"output.dir={tmp_path}"]) == 0
+    assert "is a LoRA adapter: it is merged into its base and the run trains new adapters on that" in \
+        capsys.readouterr().err

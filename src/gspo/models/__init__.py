@@ -94,7 +94,7 @@ def load_policy(
     if name.startswith("~"):
         name = os.path.expanduser(name)
     check_source(name)
-    if _is_adapter(name):
+    if is_adapter_folder(name):
         return _load_adapter(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     torch_dtype = _resolve_dtype(dtype)
     try:
@@ -115,7 +115,8 @@ def load_policy(
     return model, _ready_tokenizer(tokenizer, model, name)
 
 
-def _is_adapter(name: str) -> bool:
+def is_adapter_folder(name: str) -> bool:
+    """Whether `name` is a peft adapter folder (adapter_config.json, no config.json of a model)."""
     return not os.path.isfile(os.path.join(name, "config.json")) and os.path.isfile(os.path.join(name, "adapter_config.json"))
 
 
@@ -147,7 +148,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     if name.startswith("~"):
         name = os.path.expanduser(name)
     check_source(name)
-    if _is_adapter(name):
+    if is_adapter_folder(name):
         base = _adapter_base(name)
         if not any(Path(name, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             try:

@@ -27,8 +27,9 @@ from gspo.train.distributed import Dist
 from gspo.train.prompts import (check_reward_columns, enough_rows, first_fitting, fitting_prompts, load_prompt_rows,
                                 model_prompt_cap, prompt_cap, rows_source, say_held_out)
 from gspo.train.resume import base_weights_fingerprint, claim_run_dir, release_run_dir, resume_point
-from gspo.models import (base_model, half_precision_warnings, load_policy, load_tokenizer, resolve_device,
-                         set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache, use_cpu_gqa_attention)
+from gspo.models import (base_model, half_precision_warnings, is_adapter_folder, load_policy, load_tokenizer,
+                         resolve_device, set_activation_checkpointing, set_trainer_mode, takes_dynamic_cache,
+                         use_cpu_gqa_attention)
 from gspo.models.logprobs import LogprobModule
 from gspo.algo import kl_loss_note
 from gspo.rewards.runner import RewardRunner
@@ -100,6 +101,10 @@ def build_policy(cfg: Config, device: torch.device | None = None, tokenizer=None
     if cfg.lora.enabled:
         import peft
 
+        if is_adapter_folder(m.name_or_path) and os.environ.get("RANK", "0") == "0":
+            print(f"note: model.name_or_path {m.name_or_path} is a LoRA adapter: it is merged into its base and the run "
+                  f"trains new adapters on that; final/ (merged) loads anywhere, final/adapter in gspo, or in peft "
+                  f"onto the base with this adapter merged first (docs/scaling.md)", file=sys.stderr)
         lc = cfg.lora
         targets, leave_out = lora_targets(model, list(lc.target_modules))
         try:
