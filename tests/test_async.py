@@ -264,6 +264,17 @@ def test_async_world_checks_under_torchrun(monkeypatch, world, generators, messa
         async_job.check_world(cfg)
 
 
+def test_a_job_with_no_learner_rank_is_refused_before_any_rank_takes_a_role(monkeypatch):
+    """torchrun -n 2 with rollout.generators=2: every rank went down the generator path and exited
+    with gloo's "the learners are gone"; the world check came after that turn."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv(async_job.ROLE_ENV, raising=False)
+    cfg = load_config(None, ["rollout.mode=async", "rollout.generators=2"])
+    with pytest.raises(ConfigError, match="'rollout.generators': 2 generators need at least 3 processes"):
+        async_job.is_generator_rank(cfg)
+
+
 def test_more_generators_than_cores_is_refused(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)

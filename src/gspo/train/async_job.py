@@ -37,9 +37,11 @@ def learner_count(cfg: Config) -> int:
 
 
 def is_generator_rank(cfg: Config) -> bool:
-    """Under torchrun with rollout.mode=async: is this rank one of the last `generators` ranks?"""
+    """Under torchrun with rollout.mode=async: is this rank one of the last `generators` ranks?
+    (A job with no learner rank left is refused here, before any rank takes a role.)"""
     if cfg.rollout.mode != "async" or "RANK" not in os.environ or os.environ.get(ROLE_ENV):
         return False
+    check_world(cfg)
     return int(os.environ["RANK"]) >= learner_count(cfg)
 
 
