@@ -183,6 +183,19 @@ def test_sharded_checkpoint_refuses_a_single_process(runs, tmp_path):
     assert "torchrun" in p.stderr
 
 
+def test_a_whole_checkpoint_refuses_another_number_of_ddp_processes_before_the_models_load(runs, tmp_path):
+    """A one-process checkpoint resumed by 2 DDP ranks: rank 1 said the checkpoint had no
+    rng-rank1.json (as if damaged), rank 0 that the prompt stream was split over 1 process,
+    both after the models had loaded. Now one refusal, as a sharded checkpoint's."""
+    import shutil
+
+    shutil.copytree(runs("one"), tmp_path / "one")
+    p = launch(tmp_path, "one", "resume=auto", "schedule.rollouts=4", "distributed.strategy=ddp", nproc=2)
+    assert p.returncode != 0
+    assert "was written by one learner process (whole weights), and this job has 2 ddp learner processes" in p.stderr
+    assert "rng-rank1" not in p.stderr
+
+
 def test_world_size_must_divide_the_batch(tmp_path):
     p = launch(tmp_path, "bad", "rollout.prompts_per_step=3", "rollout.batch_size=0", "schedule.num_minibatches=1",
                nproc=2)

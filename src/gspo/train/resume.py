@@ -161,16 +161,18 @@ def resume_point(cfg: Config, d: Dist) -> Path | None:
 
 def check_layout(path: Path, cfg: Config, d: Dist) -> None:
     """The checkpoint's learner processes against this job's, before any model loads: a sharded
-    (FSDP2) checkpoint is read by as many FSDP2 learners as wrote it, a whole one by a job
-    without FSDP2 (one process, or DDP). It was found only once the models had loaded (and
-    under torchrun the generator ranks then printed gloo's tracebacks)."""
+    (FSDP2) checkpoint is read by as many FSDP2 learners as wrote it, a whole one by as many
+    learners without FSDP2 (one process, or DDP), each of which holds its own part of the prompt
+    stream and its RNG. It was found only once the models had loaded (under torchrun the
+    generator ranks then printed gloo's tracebacks; DDP ranks a missing rng-rankN.json)."""
     manifest = ckpt.verify_checkpoint(path, checksums=False)
     saved = len([f for f in manifest["files"] if re.fullmatch(r"rng(-rank\d+)?\.json", Path(f).name)]) or 1
     sharded = bool(manifest.get("sharded", False))
     now_sharded = d.enabled and cfg.distributed.strategy == "fsdp"
-    if sharded == now_sharded and (not sharded or saved == d.world_size):
+    if sharded == now_sharded and saved == d.world_size:
         return
-    was = f"{saved} FSDP2 learner processes" if sharded else "a job without FSDP2 (whole weights)"
+    was = f"{saved} FSDP2 learner processes" if sharded else (
+        f"{saved} learner processes without FSDP2 (whole weights)" if saved > 1 else "one learner process (whole weights)")
     now = f"{d.world_size} FSDP2 learner processes" if now_sharded else (
         f"{d.world_size} {cfg.distributed.strategy} learner processes" if d.enabled else "one learner process")
     raise ConfigError(f"config field 'resume': checkpoint {path} was written by {was}, and this job has {now}; "
