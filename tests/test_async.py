@@ -96,6 +96,19 @@ def test_sigkill_then_resume_is_exact_with_rollouts_in_flight(runs, tmp_path):
     assert comparable(runs / "k2") == comparable(tmp_path / "run")
 
 
+def test_a_resume_with_a_lower_staleness_samples_again_what_is_now_too_stale(tmp_path):
+    """Killed after rollout 2 at K = 2, with rollouts 3 and 4 in flight (sampled by version 0 and
+    1), resumed at K = 0: they were trained on all the same (staleness 2 logged under a config
+    that says 0). Now they are sampled again, and every later rollout is on-policy."""
+    p = gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=2", faults="exit_after_rollout=2", check=False)
+    assert p.returncode == 3
+    p = gspo_train(tmp_path, "run", *ASYNC, "rollout.max_staleness=0", "resume=auto")
+    assert "rollouts 3.. in flight were sampled more than rollout.max_staleness=0 versions before" in p.stderr
+    later = [r["async/staleness_max"] for r in metrics_without_timings(tmp_path / "run")
+             if "async/staleness_max" in r and r["rollout"] > 2]
+    assert later and set(later) == {0.0}
+
+
 def test_a_reward_that_raises_keeps_the_rollouts_in_flight_and_resume_is_exact(runs, tmp_path):
     """No checkpoint is due when the reward raises on rollout 3 (K = 2): the state after rollout 2
     is saved with rollouts 3 and 4, both sampled by older weights, and resume=auto trains what

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -116,8 +117,16 @@ class AsyncRollouts:
 
     def begin(self, start: int, inflight: dict[int, tuple[Rollout, dict]]) -> None:
         """Start (or resume) at rollout `start` with the current weights as version `start`;
-        `inflight` holds rollouts a checkpoint saved, already sampled by older weights."""
+        `inflight` holds rollouts a checkpoint saved, already sampled by older weights. Those more
+        than rollout.max_staleness versions behind the rollout they would be learned as (K lowered
+        since they were saved) are sampled again, with every one after them, in order."""
         self.start = self.next_q = start
+        stale = [q for q in sorted(inflight) if q - inflight[q][1]["version"] > self.K]
+        if stale:
+            inflight = {q: v for q, v in inflight.items() if q < stale[0]}
+            if self.rank == 0:
+                print(f"resume: rollouts {stale[0] + 1}.. in flight were sampled more than rollout.max_staleness="
+                      f"{self.K} versions before they would be learned; they are sampled again", file=sys.stderr)
         for q in sorted(inflight):  # their prompts were drawn before the checkpoint: draw them again
             before = copy.deepcopy(self.prompts.state_dict())
             ro, meta = inflight[q]
