@@ -226,3 +226,22 @@ def test_kl_to_the_reference_under_fsdp_matches_one_process(tmp_path, extra):
     assert_metrics_close(one, two)
     steps = [m for m in metrics(one) if "kl/ref" in m]
     assert steps[0]["kl/ref"] == 0.0 and steps[-1]["kl/ref"] > 0  # the first step runs at the starting weights
+
+
+def test_ranks_whose_launcher_is_killed_stop_after_the_rollout_and_save(tmp_path):
+    """torchrun starts each rank in a session of its own: a launcher killed with SIGKILL left them
+    training to the end of the schedule. Now each takes the SIGTERM path: it saves and stops."""
+    import signal
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "gspo",
+           "train", *RUN, "schedule.rollouts=500", "checkpoint.every=0", f"output.dir={tmp_path}", "output.name=run"]
+    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics, deadline = tmp_path / "run" / "metrics.jsonl", time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGKILL)  # the launcher alone; its ranks live on in their own sessions
+    out, _ = p.communicate(timeout=120)  # (returns once every rank has closed the output it inherited)
+    assert "stopped by signal 15" in out, out[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "latest").is_file() and not (tmp_path / "run" / "final").exists()

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from gspo.config import Config, ConfigError, to_yaml
-from gspo.train.distributed import Dist
+from gspo.train.distributed import Dist, stop_with_launcher
 
 ROLE_ENV = "GSPO_ASYNC_ROLE"  # set for the generator processes that `start_job` spawns
 
@@ -77,6 +77,7 @@ def learner_dist(cfg: Config, device: torch.device) -> tuple[Dist, object]:
     if "RANK" not in os.environ:
         return Dist(device=device), None
     store = torchrun_store(cfg)
+    stop_with_launcher()
     learners, rank = learner_count(cfg), int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":

@@ -21,6 +21,9 @@ import copy
 import datetime
 import json
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,8 +144,26 @@ def init_distributed(strategy: str, device: torch.device, backend: str = Distrib
     if not dist.is_initialized():
         kw = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    stop_with_launcher()
     return Dist(rank=rank, world_size=world, local_rank=local_rank, strategy=strategy, device=device,
                 launched=True)
+
+
+def stop_with_launcher() -> None:
+    """Under torchrun, a SIGTERM to this process once its launcher is gone (torchrun starts each
+    rank in a session of its own, so a launcher killed with SIGKILL left the ranks training to the
+    end of the schedule): it stops after the rollout in progress and saves, as on any SIGTERM.
+    A thread watches the parent; it costs a wake-up a second."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="gspo-launcher-watch", daemon=True).start()
 
 
 def shutdown(d: Dist) -> None:
