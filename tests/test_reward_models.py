@@ -377,3 +377,28 @@ def test_a_judge_with_a_position_table_reads_what_fits_and_refuses_an_answer_tha
     scores = judge(["a long prompt " * 20], ["and its completion " * 5])
     assert scores == [None] or isinstance(scores[0], float)  # (a random judge: a score or none, no IndexError)
     assert "is longer than the 40 positions the judge has beside its answer" in capsys.readouterr().err
+
+
+def test_a_reward_models_template_that_refuses_the_data_is_one_error_before_the_policy_loads(chat_rm, tmp_path,
+                                                                                            capsys):
+    """A Gemma-style template that takes no system turn, given data with one: the run stopped
+    with exit 1 once the first rollout was sampled; now exit 2 at start-up, naming the entry."""
+    import json as _json
+
+    rm = tmp_path / "no-system-rm"
+    shutil.copytree(chat_rm, rm)
+    tok = T.AutoTokenizer.from_pretrained(rm)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not "
+                         "supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}")
+    tok.save_pretrained(rm)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(_json.dumps({"prompt": [{"role": "system", "content": "Be brief."},
+                                                   {"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)})
+                            + "\n" for i in range(16)))
+    capsys.readouterr()
+    assert main(["train", f"data.source={data}", f"rewards.functions=[{{name: 'model:{rm}'}}]",
+                 "schedule.rollouts=1", f"output.dir={tmp_path}", "output.name=run"]) == 2
+    err = capsys.readouterr().err
+    assert "config field 'rewards.functions[0].name'" in err and "System role not supported" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -86,8 +86,8 @@ def cmd_eval(args) -> int:
     loaded = load_episode_tools(cfg)  # rollout.tools / rollout.environment: multi-turn episodes, as in training
     rows, held = load_prompt_rows(cfg, train=False)
     rows = held or rows
-    check_reward_columns(cfg, rows, held=bool(held))
     specs = checked_reward_specs(cfg)  # before the model loads, naming the field
+    check_reward_columns(cfg, rows, held=bool(held), specs=specs)
     tok = policy_tokenizer(cfg)  # the prompts are checked with it before the model loads
     schemas = checked_schemas(cfg, loaded, tok)  # a template that cannot play episodes: refused, as training does
     every, columns = rows, column_names(rows)  # (every reward call gets the data's columns, as in training)

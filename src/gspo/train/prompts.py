@@ -236,13 +236,34 @@ def say_prefills(cfg: Config, rows: list[dict], held: bool = False, say: bool = 
 ANSWER_REWARDS = ("exact_answer", "math_verify")  # built-ins that compare with the `answer` column
 
 
-def check_reward_columns(cfg: Config, rows: list[dict], held: bool = False) -> None:
+def check_reward_columns(cfg: Config, rows: list[dict], held: bool = False, specs=None) -> None:
     """What the reward functions read of the rows, checked before the model loads: the answers
-    an answer reward compares with (`check_answer_column`), and no column named like a
-    built-in's option (`check_option_columns`). `held`: the rows are the held-out ones."""
+    an answer reward compares with (`check_answer_column`), no column named like a built-in's
+    option (`check_option_columns`), and with the resolved `specs`, that each reward model's or
+    judge's chat template renders the rows' kind of conversation (`check_scorer_templates`).
+    `held`: the rows are the held-out ones."""
     check_answer_column(cfg, rows, held)
     check_option_columns(cfg, rows, held)
     check_named_columns(cfg, rows, held)
+    check_scorer_templates(cfg, rows, held, specs or [])
+
+
+def check_scorer_templates(cfg: Config, rows: list[dict], held: bool, specs) -> None:
+    """A `model:` or `judge:` reward whose chat template refuses the first row (a template that
+    takes no system turn, given data with one) used to stop the run after the first rollout;
+    one error naming the entry instead, before the policy loads."""
+    from gspo.data import reward_view
+
+    for i, spec in enumerate(specs):
+        scorer = spec._loaded[1] if spec._loaded else None
+        if not (rows and getattr(scorer, "chat", False)):
+            continue
+        prompt, completion = reward_view(rows[0]["prompt"], "")
+        try:
+            scorer.encode([prompt], [completion])
+        except Exception as e:  # noqa: BLE001 (jinja's TemplateError, or what the template raises)
+            raise ConfigError(f"config field 'rewards.functions[{i}].name': {spec.name}'s chat template cannot render "
+                              f"{rows_source(cfg, held)} row 0 with a completion: {type(e).__name__}: {e}") from None
 
 
 TRL_ONLY_ARGUMENTS = ("trainer_state", "completion_ids", "log_extra", "log_metric")  # what TRL passes besides columns

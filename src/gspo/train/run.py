@@ -352,9 +352,9 @@ def _build_run(cfg: Config, threads_before: int) -> Run:
     tools = load_episode_tools(cfg)                                      # tool names
     rows, eval_rows = load_prompt_rows(cfg)                              # data
     enough_rows(cfg, len(rows))
-    check_reward_columns(cfg, rows)
+    check_reward_columns(cfg, rows, specs=specs)
     if cfg.eval.enabled:
-        check_reward_columns(cfg, eval_rows, held=True)
+        check_reward_columns(cfg, eval_rows, held=True, specs=specs)
     if rows and isinstance(rows[0]["prompt"], list) and cfg.data.source in TASKS:
         raise DataError("built-in tasks are plain-text")
     chat = isinstance(rows[0]["prompt"], list) or tools is not None  # episodes are conversations
