@@ -402,3 +402,13 @@ def test_a_reward_models_template_that_refuses_the_data_is_one_error_before_the_
     err = capsys.readouterr().err
     assert "config field 'rewards.functions[0].name'" in err and "System role not supported" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_reward_model_device_it_cannot_run_on_is_refused_when_it_loads(chat_rm):
+    """kwargs.device=meta loaded, then failed on every call; cuda:N past the devices was a raw
+    traceback (where CUDA is: a machine without it says so, as before)."""
+    with pytest.raises(RewardConfigError, match=r"kwargs.device='meta' cannot run a model"):
+        load_scorer(f"model:{chat_rm}", {"device": "meta"})
+    says = "this process sees" if torch.cuda.is_available() else "no CUDA device is available"
+    with pytest.raises(RewardConfigError, match=rf"kwargs.device='cuda:99'.*{says}"):
+        load_scorer(f"model:{chat_rm}", {"device": "cuda:99"})

@@ -382,6 +382,11 @@ def _device(name: Any, what: str):
                                 f"got {name!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RewardConfigError(f"{what}: kwargs.device={name!r}, but no CUDA device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RewardConfigError(f"{what}: kwargs.device={name!r}, but this process sees "
+                                f"{torch.cuda.device_count()} CUDA devices")
+    if device.type not in ("cpu", "cuda", "mps", "xpu"):  # (meta holds no weights to run)
+        raise RewardConfigError(f"{what}: kwargs.device={name!r} cannot run a model (cpu, cuda, cuda:N)")
     return device
 
 
