@@ -65,3 +65,15 @@ def test_policy_loss_without_a_clip_range_names_where_the_papers_values_are():
     loss, _ = policy_loss(*args, level="sequence", eps_low=PAPER_CLIP["sequence"][0],
                           eps_high=PAPER_CLIP["sequence"][1], max_log_ratio=10.0)
     assert loss.item() == 0.0
+
+
+@pytest.mark.parametrize("field", ["rewards.allow_code_execution", "model.trust_remote_code"])
+def test_an_opt_in_set_in_python_takes_only_a_bool(tmp_path, field):
+    """A config file takes only the YAML booleans for them; set in Python, "yes" or 1 passed through
+    OmegaConf's conversion as true."""
+    cfg = load_config(None, [*TINY, f"output.dir={tmp_path}"])
+    section, key = field.split(".")
+    for value in ("yes", 1):
+        setattr(getattr(cfg, section), key, value)
+        with pytest.raises(ConfigError, match=rf"config field '{field}': must be True or False"):
+            train(cfg)

@@ -165,13 +165,13 @@ def load_config(path: str | os.PathLike | dict | None = None, overrides: list[st
     return cfg
 
 
+_ROWS = ("a file or folder: save the rows (datasets' Dataset.to_json('rows.jsonl') or save_to_disk, or a .jsonl you "
+         "write) and name it")
 _TAKES = {  # what a path field takes, and how to get there from a Python object
     "model.name_or_path": "a model folder or hub id: save the model and its tokenizer with save_pretrained on one "
                           "folder and name it",
-    "data.source": "a file or folder: save the rows (datasets' Dataset.to_json('rows.jsonl') or save_to_disk, or a "
-                   ".jsonl you write) and name it",
-    "data.eval_source": "a file or folder: save the rows (datasets' Dataset.to_json('rows.jsonl') or save_to_disk, "
-                        "or a .jsonl you write) and name it",
+    "data.source": _ROWS,
+    "data.eval_source": _ROWS,
 }
 
 
@@ -188,6 +188,12 @@ def checked_config(cfg) -> Config:
         value = getattr(getattr(cfg, section), key)
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"config field '{name}': takes {takes} (got a {type(value).__name__})")
+    for name in STRICT_OPT_INS:  # (OmegaConf's conversion below would read "yes" or 1 as true)
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if not isinstance(value, bool):
+            raise ConfigError(f"config field '{name}': must be True or False, got {value!r}; it lets code run that "
+                              f"gspo does not control, so nothing else turns it on")
     for i, f in enumerate(cfg.rewards.functions):
         if not isinstance(f, (RewardFunctionConfig, dict)):
             raise ConfigError(f"config field 'rewards.functions': item {i} is a {type(f).__name__}; each is "
