@@ -77,3 +77,22 @@ def test_an_opt_in_set_in_python_takes_only_a_bool(tmp_path, field):
         setattr(getattr(cfg, section), key, value)
         with pytest.raises(ConfigError, match=rf"config field '{field}': must be True or False"):
             train(cfg)
+
+
+def test_a_literal_dollar_brace_and_numpy_values_pass_as_a_file_gives_them(tmp_path):
+    """checked_config rebuilt the config through OmegaConf, which read a literal "${x}" (written
+    "\\${x}" in a file) as an interpolation again: refused, or replaced by another field's value;
+    NumPy scalars from a sweep were refused. A run's config.yaml keeps the literal escaped."""
+    import numpy as np
+
+    from gspo.config import checked_config, to_yaml
+
+    (tmp_path / "c.yaml").write_text("data:\n  chat_template_kwargs: {note: 'cost \\${model.name_or_path}', "
+                                     "other: '\\${x}'}\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    cfg.optim.lr, cfg.rollout.group_size = np.float64(1e-5), np.int64(4)
+    out = checked_config(cfg)
+    assert out.data.chat_template_kwargs == {"note": "cost ${model.name_or_path}", "other": "${x}"}
+    assert (out.optim.lr, out.rollout.group_size) == (1e-5, 4) and type(out.rollout.group_size) is int
+    (tmp_path / "again.yaml").write_text(to_yaml(out))
+    assert load_config(tmp_path / "again.yaml").data.chat_template_kwargs == out.data.chat_template_kwargs

@@ -199,19 +199,31 @@ def checked_config(cfg) -> Config:
             raise ConfigError(f"config field 'rewards.functions': item {i} is a {type(f).__name__}; each is "
                               f"{{name: ..., weight: ..., kwargs: ...}}, its name a built-in, 'module:function' or "
                               f"'path/file.py:function': put a Python function in a module or file and name it there")
-    try:
-        entry, functions = OmegaConf.structured(RewardFunctionConfig), []
-        for i, f in enumerate(cfg.rewards.functions):  # ({name: ...} as a dict, as YAML gives it)
-            try:
-                functions.append(OmegaConf.to_object(OmegaConf.merge(entry, f)) if isinstance(f, dict) else f)
-            except OmegaConfBaseException as e:
-                raise ConfigError(f"config field 'rewards.functions', item {i}: {_friendly(e)}") from None
-        cfg = dataclasses.replace(cfg, rewards=dataclasses.replace(cfg.rewards, functions=functions))
-        out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.structured(cfg)))
+    try:  # as load_config merges a file's layer: plain values, "${" kept literal (escaped as a file writes it)
+        out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.create(_plain(cfg))))
     except OmegaConfBaseException as e:
         raise ConfigError(_friendly(e)) from None
     validate(out)
     return out
+
+
+def _plain(x):
+    """A config's values as YAML would give them: dataclasses as dicts, tuples as lists, NumPy
+    scalars as Python numbers, paths as text, and "${" escaped (a value set in Python is literal:
+    load_config resolved any interpolation of the file's already)."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if isinstance(x, str):
+        return x.replace("${", "\\${")
+    if hasattr(x, "item") and type(x).__module__ == "numpy":  # (np.float64(1e-5) from a sweep)
+        return x.item()
+    return x
 
 
 def check_run_config(path: str | os.PathLike | None, cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:
@@ -350,7 +362,8 @@ def _installed(top: str, folder: Path) -> bool:
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """`cfg` as YAML that `load_config` reads back to it (a literal "${" stays escaped)."""
+    return OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
 
 
 def from_yaml_text(text: str) -> Config:
