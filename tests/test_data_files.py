@@ -54,3 +54,16 @@ def test_data_errors_number_rows_from_0_and_name_the_line_they_start_on(tmp_path
     (tmp_path / "short.csv").write_text('prompt,answer\n"two\nlines",1\nx\n')
     with pytest.raises(DataError, match=r"short\.csv: row 1 \(line 4\) has fewer cells"):
         load_rows(tmp_path / "short.csv")
+
+
+def test_a_folder_of_files_of_different_formats_or_columns_says_it_reads_them_as_one(tmp_path, capsys):
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    (tmp_path / "mixed" / "b.csv").write_text("prompt,label\n2+2=,4\n")
+    capsys.readouterr()
+    assert len(load_rows(tmp_path / "mixed")) == 2
+    assert "read 2 files of different formats and columns as one dataset (a.jsonl, b.csv)" in capsys.readouterr().err
+    (tmp_path / "shards").mkdir()
+    for i in range(2):  # a dataset's shards: nothing to say
+        (tmp_path / "shards" / f"part-{i}.jsonl").write_text(json.dumps({"prompt": f"{i}+1=", "answer": "x"}) + "\n")
+    assert len(load_rows(tmp_path / "shards")) == 2 and "note:" not in capsys.readouterr().err

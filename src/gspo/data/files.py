@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -259,7 +260,15 @@ def _read_data_folder(path: Path, split: str | None, split_field: str, held_out:
     if len(configs) > 1:
         raise DataError(f"{path}: holds several datasets in its folders ({', '.join(configs)}); name one of those "
                         f"folders in {split_field.replace('split', 'source')}")
-    return [row for f in chosen for row in _read_file(f)]
+    parts = [(f, _read_file(f)) for f in chosen]
+    differ = [what for what, n in (("formats", len({_kind(f) for f in chosen})),
+                                   ("columns", len({frozenset(k for row in rows for k in row) for _, rows in parts})))
+              if n > 1]
+    if differ:  # (a hub dataset's shards share one format and schema)
+        print(f"note: {path}: read {len(chosen)} files of different {' and '.join(differ)} as one dataset "
+              f"({', '.join(f.name for f in chosen[:4])}{', ...' if len(chosen) > 4 else ''}); name one file, or a "
+              f"folder of one dataset's files, to read less", file=sys.stderr)
+    return [row for _, rows in parts for row in rows]
 
 
 def _read_saved_dataset(path: Path, split: str | None, split_field: str = "data.split",
