@@ -69,7 +69,7 @@ def test_a_context_extending_rope_scaling_counts_in_the_trained_length():
     NTK x4 over 4096, 16384; Llama 3.1's table already holds its extended length."""
     from transformers import LlamaConfig, Qwen2Config
 
-    from gspo.train.prompts import trained_length
+    from gspo.models import trained_length
 
     yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
     assert trained_length(Qwen2Config(max_position_embeddings=32768, rope_scaling=yarn)) == 131072

@@ -63,7 +63,8 @@ def mismatch_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: t
     Returns (weights (B, T) float, 1 at masked positions; keep (B, T) bool; metrics), all
     detached; `apply_keep` makes them policy_loss's `weights` and `mask` for an objective's
     level. Float metrics (MISMATCH_METRICS) over the level's units, valid tokens or non-empty
-    sequences: weight_mean / weight_max / weight_min of the UNtruncated w, truncated_frac (w > cap, "tis" only, else 0), masked_frac
+    sequences: weight_mean / weight_max / weight_min of the UNtruncated w, truncated_frac
+    (w > cap, "tis" only, else 0), masked_frac
     (outside [floor, cap], "mis" only, else 0). With no unit: mean, max and min are 1.
     """
     validate_mismatch(method, level, cap, floor)

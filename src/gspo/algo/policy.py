@@ -236,8 +236,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             Masking tokens or sequences (MIS, IcePop) is a weight of 0 at the token level (the
             dropped tokens stay in the count) and `mask & keep` at the sequence levels (they
             leave the ratio s_i and |y_i|): `gspo.algo.apply_keep`. A sequence with no token
-            left adds 0 but still counts in the mean over sequences (as an empty response does). The metrics do not depend on the weights (but "loss" is the
-            returned, weighted value).
+            left adds 0 but still counts in the mean over sequences (as an empty response does).
+            The metrics do not depend on the weights (but "loss" is the returned, weighted value).
     Metrics (python floats, under no_grad). The clip fractions count, per objective, the tokens
     whose gradient the objective cuts or truncates:
         clip, luspo: A > 0 and ratio > 1 + eps_high ("high"), or A < 0 and ratio < 1 - eps_low

@@ -243,8 +243,8 @@ def check_run_config(path: str | os.PathLike | None, cfg: Config, overrides: lis
     if here != cfg.run_dir.resolve():
         raise ConfigError(f"config file {path} is the config of the run in {here}, but its output.dir and output.name "
                           f"name {cfg.run_dir} (where the run was first written: the folder was copied or moved); to "
-                          f"go on with the run in {here}, add output.dir={here.parent} output.name={here.name}; for the "
-                          f"other, name {cfg.run_dir / 'config.yaml'}")
+                          f"go on with the run in {here}, add output.dir={here.parent} output.name={here.name}; for "
+                          f"the other, name {cfg.run_dir / 'config.yaml'}")
 
 
 # Opt-ins to running code that gspo does not control: only the YAML booleans turn them on or off

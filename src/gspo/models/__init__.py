@@ -390,6 +390,22 @@ def position_limit(model) -> int | None:
     return int(limit) if limit else None
 
 
+def trained_length(config) -> int | None:
+    """The longest sequence a RoPE model's config says it handles: max_position_embeddings, or
+    with a context-extending RoPE scaling (YaRN, dynamic NTK, linear, ...: `rope_scaling` or
+    transformers 5's `rope_parameters` with a `factor`) its original length times the factor,
+    where that is more (Qwen2.5's YaRN x4 over 32768 positions: 131072). None where it says nothing."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if isinstance(factor, (int, float)) and factor > 1:
+        n = max(n, int((scaling.get("original_max_position_embeddings") or n) * factor))
+    return n
+
+
 def takes_dynamic_cache(model) -> bool:
     """Whether `model`'s forward takes a transformers DynamicCache. A family with a cache class of
     its own (MiniMax-Text's linear-attention state) refuses any other and builds its own when it

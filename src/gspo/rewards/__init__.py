@@ -223,6 +223,11 @@ class RewardSpec:
     _loaded: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
+    def scorer(self):
+        """The `model:` / `judge:` scorer validation loaded for this spec, else None."""
+        return self._loaded[1] if self._loaded else None
+
+    @property
     def short_name(self) -> str:
         """The key used in `per_function` and stats: the built-in name, the last part of an
         import path, or the callable's __name__."""

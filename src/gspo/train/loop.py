@@ -240,6 +240,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     corr: dict[str, float] = {}  # the mismatch correction's metrics
+    corrects = a.mismatch_correction in ("tis", "mis")
+    lengths = rollout.model_lengths.cpu() if corrects else None  # (N,) its units per row, read once a step
     loss_total, gaps = 0.0, []
     for micro in mb.micro:
         mode = None if micro.placeholder else "capture" if fill else "compare"
@@ -253,13 +255,14 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         mask, weights = part.model_mask, None  # the tokens the model wrote (not a tool's reply)
         if a.mask_truncated:  # DAPO's overlong filtering: a completion cut by the length limit adds 0
             mask = mask & ~part.truncated.to(mask.device)[:, None]
-        if a.mismatch_correction in ("tis", "mis"):  # w = pi_old / pi_sampler, truncated or masked
+        if corrects:  # w = pi_old / pi_sampler, truncated or masked
             weights, keep, cm = algo.mismatch_weights(
                 old_logp[micro.rows, :T], part.sampler_logp, part.model_mask, method=a.mismatch_correction,
                 level=a.mismatch_level, cap=a.mismatch_cap, floor=a.mismatch_floor, max_log_ratio=a.max_log_ratio)
             weights, mask = algo.apply_keep(weights, keep, mask, a.level)
-            units = part.model_mask if a.mismatch_level == "token" else part.model_mask.any(-1)
-            _add_correction_metrics(corr, cm, int(torch.count_nonzero(units)) * (micro.num_rows > 0))
+            n = lengths[micro.rows.cpu()]  # the tokens, or the non-empty sequences, the means are over
+            _add_correction_metrics(corr, cm, int(n.sum() if a.mismatch_level == "token" else n.count_nonzero())
+                                    * (micro.num_rows > 0))
         loss, m = algo.policy_loss(logp, old_logp[micro.rows, :T], adv[micro.rows], mask, weights=weights,
                                    **objective)
         if entropy is not None:  # pi_theta's entropy, from the same chunked head
@@ -295,9 +298,8 @@ def minibatch_step(run: Run, rollout: Rollout, old_logp: torch.Tensor, adv: torc
         sums.setdefault("entropy/mean", math.nan)
     metrics = reduce_minibatch_metrics(run.dist, sums, loss_total, sum(m.tokens for m in mb.micro),
                                        sum(m.num_rows for m in mb.micro))
-    if a.mismatch_correction in ("tis", "mis") and not corr:  # no row ran: the keys, null, as clip/* are
-        corr = {"_units": 0, **dict.fromkeys(algo.MISMATCH_METRICS, math.nan)}
-    if corr:  # means over the correction's units (tokens, or sequences) of every forward and rank
+    if corrects:  # means over the correction's units (tokens, or sequences) of every forward and rank; null
+        corr = {"_units": 0, **dict.fromkeys(algo.MISMATCH_METRICS, math.nan), **corr}  # where none ran, as clip/*
         corr = run.dist.reduce_metrics(corr, sums=tuple(k for k in corr if not k.endswith(("_max", "_min"))))
         units = corr.pop("_units")
         metrics.update({k: (v if math.isfinite(v) else math.nan) if k.endswith(("_max", "_min"))
@@ -315,11 +317,11 @@ def _add_correction_metrics(acc: dict, m: dict, units: int) -> None:
     """A forward's metrics of `algo.mismatch_weights` into `acc`: means weighted by the units
     (tokens or sequences, at algo.mismatch_level) they are over, max / min."""
     acc["_units"] = acc.get("_units", 0) + units
-    for k, v in m.items():
+    for k, v in m.items() if units else ():  # (a placeholder measured nothing)
         if k.endswith("_max"):
-            acc[k] = max(acc.get(k, -math.inf), v) if units else acc.get(k, -math.inf)
+            acc[k] = max(acc.get(k, -math.inf), v)
         elif k.endswith("_min"):
-            acc[k] = min(acc.get(k, math.inf), v) if units else acc.get(k, math.inf)
+            acc[k] = min(acc.get(k, math.inf), v)
         else:
             acc[k] = acc.get(k, 0.0) + v * units
 
@@ -452,11 +454,10 @@ def train(cfg: Config, *, run: Run | None = None) -> Path:
                 due = cfg.eval.every and state.rollout % cfg.eval.every == 0
 
                 def log(eval_metrics: dict) -> None:
-                    log_step(run, sinks, console, state, scored, steps, {**info, "time/step": time.perf_counter() - t_step},
-                             eval_metrics)
-
-                eval_metrics = evaluate_or_save(run, state, log) if cfg.eval.enabled and (due or state.rollout == total) \
-                    else {}
+                    timed = {**info, "time/step": time.perf_counter() - t_step}
+                    log_step(run, sinks, console, state, scored, steps, timed, eval_metrics)
+                evaluating = cfg.eval.enabled and (due or state.rollout == total)
+                eval_metrics = evaluate_or_save(run, state, log) if evaluating else {}
                 try:
                     log(eval_metrics)                                            # 3. log
                 except BaseException:  # a tracker or the console failed after the update (rich's

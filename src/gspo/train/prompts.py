@@ -119,30 +119,14 @@ def prompt_cap(cfg: Config, positions: int | None = None) -> tuple[int, str]:
     return cap, why
 
 
-def trained_length(config) -> int | None:
-    """The longest sequence a RoPE model's config says it handles: max_position_embeddings, or
-    with a context-extending RoPE scaling (YaRN, dynamic NTK, linear, ...: `rope_scaling` or
-    transformers 5's `rope_parameters` with a `factor`) its original length times the factor,
-    where that is more (Qwen2.5's YaRN x4 over 32768 positions: 131072). None where it says nothing."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    n = getattr(config, "max_position_embeddings", None)
-    if not isinstance(n, int) or n <= 0:
-        return None
-    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    factor = scaling.get("factor") if isinstance(scaling, dict) else None
-    if isinstance(factor, (int, float)) and factor > 1:
-        n = max(n, int((scaling.get("original_max_position_embeddings") or n) * factor))
-    return n
-
-
 def model_prompt_cap(cfg: Config, model, *, say: bool = True, rows: list[dict] = (), tok=None,
                      schemas: list[dict] | None = None) -> tuple[int, str]:
     """`prompt_cap` under the loaded `model`'s positions: a learned table's hard limit
     (`gspo.models.position_limit`). With relative positions (RoPE) a sequence may run past the
-    length the model was trained for (`trained_length`): a warning (`say`) where the longest of
+    length the model was trained for (`gspo.models.trained_length`): a warning (`say`) where the longest of
     the prompts kept (`rows`, counted with `tok` as the sampler counts them; with none given,
     data.max_prompt_tokens) plus the completion budget would."""
-    from gspo.models import position_limit
+    from gspo.models import position_limit, trained_length
 
     limit = position_limit(model)
     cap = prompt_cap(cfg, limit)
@@ -255,12 +239,11 @@ def check_scorer_templates(cfg: Config, rows: list[dict], held: bool, specs) -> 
     from gspo.data import reward_view
 
     for i, spec in enumerate(specs):
-        scorer = spec._loaded[1] if spec._loaded else None
-        if not (rows and getattr(scorer, "chat", False)):
+        if not (rows and getattr(spec.scorer, "chat", False)):
             continue
         prompt, completion = reward_view(rows[0]["prompt"], "")
         try:
-            scorer.encode([prompt], [completion])
+            spec.scorer.encode([prompt], [completion])
         except Exception as e:  # noqa: BLE001 (jinja's TemplateError, or what the template raises)
             raise ConfigError(f"config field 'rewards.functions[{i}].name': {spec.name}'s chat template cannot render "
                               f"{rows_source(cfg, held)} row 0 with a completion: {type(e).__name__}: {e}") from None

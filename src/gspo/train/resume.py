@@ -171,8 +171,8 @@ def check_layout(path: Path, cfg: Config, d: Dist) -> None:
     now_sharded = d.enabled and cfg.distributed.strategy == "fsdp"
     if sharded == now_sharded and saved == d.world_size:
         return
-    was = f"{saved} FSDP2 learner processes" if sharded else (
-        f"{saved} learner processes without FSDP2 (whole weights)" if saved > 1 else "one learner process (whole weights)")
+    was = (f"{saved} FSDP2 learner processes" if sharded else "one learner process (whole weights)" if saved == 1
+           else f"{saved} learner processes without FSDP2 (whole weights)")
     now = f"{d.world_size} FSDP2 learner processes" if now_sharded else (
         f"{d.world_size} {cfg.distributed.strategy} learner processes" if d.enabled else "one learner process")
     raise ConfigError(f"config field 'resume': checkpoint {path} was written by {was}, and this job has {now}; "

@@ -102,8 +102,8 @@ def build_policy(cfg: Config, device: torch.device | None = None, tokenizer=None
         import peft
 
         if is_adapter_folder(m.name_or_path) and os.environ.get("RANK", "0") == "0":
-            print(f"note: model.name_or_path {m.name_or_path} is a LoRA adapter: it is merged into its base and the run "
-                  f"trains new adapters on that; final/ (merged) loads anywhere, final/adapter in gspo, or in peft "
+            print(f"note: model.name_or_path {m.name_or_path} is a LoRA adapter: it is merged into its base and the "
+                  f"run trains new adapters on that; final/ (merged) loads anywhere, final/adapter in gspo, or in peft "
                   f"onto the base with this adapter merged first (docs/scaling.md)", file=sys.stderr)
         lc = cfg.lora
         targets, leave_out = lora_targets(model, list(lc.target_modules))
